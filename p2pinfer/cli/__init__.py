@@ -1,0 +1,1 @@
+"""The ``p2pinfer`` command line (typer + rich)."""

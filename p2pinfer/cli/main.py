@@ -1,0 +1,56 @@
+"""Entry point of the ``p2pinfer`` command.
+
+Each command lives in its own module under :mod:`p2pinfer.cli` and exposes
+``register(app, bench)``; heavy imports stay inside the command functions so
+that ``p2pinfer --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import typer
+
+from .._version import __version__
+
+app = typer.Typer(
+    name="p2pinfer",
+    help="Peer-to-peer LLM inference with prefix-cache-aware routing.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+bench = typer.Typer(help="Benchmarks: each prints a table, or one JSON object with --json.", no_args_is_help=True)
+app.add_typer(bench, name="bench")
+
+COMMAND_MODULES = [
+    "p2pinfer.cli.bench_route",
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"p2pinfer {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Optional[bool] = typer.Option(
+        None, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Peer-to-peer LLM inference with prefix-cache-aware routing."""
+
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app, bench)
+
+
+def run() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    run()

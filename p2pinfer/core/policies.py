@@ -1,0 +1,412 @@
+"""Routing policies: where should this request be served?
+
+A policy is a pure function of (the request's block hashes, the local
+node's state, the peer view, the time, a seeded RNG) to a :class:`Decision`
+that explains itself. The live node and the simulator call the very same
+objects. Candidates after the chosen one are the fallbacks, in order, for
+when the chosen peer refuses (BUSY) or dies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+import random
+from typing import Protocol
+
+from .peers import Load, PeerState, PeerView
+
+__all__ = [
+    "LOCAL",
+    "POLICIES",
+    "Candidate",
+    "CostPolicy",
+    "Decision",
+    "LeastLoadedPolicy",
+    "LocalPolicy",
+    "LocalState",
+    "PaperPolicy",
+    "Policy",
+    "RandomPolicy",
+    "RoundRobinPolicy",
+    "RouteRequest",
+    "make_policy",
+]
+
+LOCAL = "local"
+"""Target name of the node that received the request."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    prompt_tokens: int
+    block_hashes: Sequence[int]
+    block_size: int
+
+
+@dataclass(slots=True)
+class LocalState:
+    """The deciding node itself: exact, not estimated."""
+
+    node_id: str
+    match_tokens: int
+    """Exact longest prefix the local engine holds (token precision)."""
+    load: Load
+    can_serve: bool = True
+    """False for a node without an engine (a pure entry point)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    target: str
+    """:data:`LOCAL` or a peer id."""
+    predicted_match_tokens: int
+    est_ttft_ms: float
+    rtt_ms: float = 0.0
+    queue_ms: float = 0.0
+    prefill_ms: float = 0.0
+    digest_age_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    policy: str
+    target: str
+    predicted_match_tokens: int
+    reason: str
+    candidates: tuple[Candidate, ...] = ()
+    """Ranked, the chosen one first; the rest are fallbacks."""
+    digest_age_s: float | None = None
+    est_ttft_ms: float | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.target == LOCAL
+
+    def fallbacks(self) -> list[str]:
+        return [c.target for c in self.candidates[1:]]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "policy": self.policy,
+            "target": self.target,
+            "predicted_match_tokens": self.predicted_match_tokens,
+            "reason": self.reason,
+            "digest_age_s": self.digest_age_s,
+            "est_ttft_ms": self.est_ttft_ms,
+            "candidates": [
+                {
+                    "target": c.target,
+                    "predicted_match_tokens": c.predicted_match_tokens,
+                    "est_ttft_ms": round(c.est_ttft_ms, 3),
+                    "rtt_ms": c.rtt_ms,
+                    "queue_ms": round(c.queue_ms, 3),
+                    "prefill_ms": round(c.prefill_ms, 3),
+                }
+                for c in self.candidates
+            ],
+        }
+
+
+class Policy(Protocol):
+    name: str
+
+    def decide(
+        self,
+        request: RouteRequest,
+        local: LocalState,
+        view: PeerView,
+        now: float,
+        rng: random.Random,
+    ) -> Decision: ...
+
+
+# -- shared helpers -----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CostModel:
+    """Estimated time to first token on a candidate, in milliseconds.
+
+    ``rtt + queued tokens x ms/token + uncached tokens x ms/token``; the
+    same formula for every candidate so that the local node (RTT 0, exact
+    match) and peers (gossiped match and load) compare fairly.
+    """
+
+    default_rtt_ms: float = 5.0
+    """Assumed for a peer whose RTT was never measured."""
+    stale_load_s: float = 30.0
+    """Reported load older than this is ignored (assumed idle)."""
+
+    def candidate(
+        self,
+        target: str,
+        prompt_tokens: int,
+        match_tokens: int,
+        load: Load,
+        rtt_ms: float,
+        digest_age_s: float | None = None,
+    ) -> Candidate:
+        # A full hit still prefills the last token to produce the first output.
+        uncached = max(1, prompt_tokens - match_tokens)
+        ms = load.prefill_ms_per_token
+        queue_ms = load.queued_prefill_tokens * ms
+        prefill_ms = uncached * ms
+        return Candidate(
+            target=target,
+            predicted_match_tokens=match_tokens,
+            est_ttft_ms=rtt_ms + queue_ms + prefill_ms,
+            rtt_ms=rtt_ms,
+            queue_ms=queue_ms,
+            prefill_ms=prefill_ms,
+            digest_age_s=digest_age_s,
+        )
+
+
+def _eligible(view: PeerView, now: float) -> list[PeerState]:
+    """Every peer that may receive work now (O(peers): baselines only)."""
+    return [p for p in view if view.eligible(p, now)]
+
+
+def _matched_candidates(
+    model: CostModel, request: RouteRequest, view: PeerView, now: float, spare: int
+) -> list[Candidate]:
+    """Eligible peers holding a prefix, plus the ``spare`` cheapest others.
+
+    O(prompt blocks x matching peers + spare): never a scan of the view.
+    """
+    out: list[Candidate] = []
+    matches = _peer_matches(request, view)
+    for peer_id, match in matches.items():
+        peer = view.get(peer_id)
+        if peer is not None and view.eligible(peer, now):
+            out.append(_peer_candidate(model, request, peer, match, now))
+    for peer in view.cheapest_peers(spare, now, exclude=matches.keys()):
+        out.append(_peer_candidate(model, request, peer, 0, now))
+    return out
+
+
+def _peer_matches(request: RouteRequest, view: PeerView) -> dict[str, int]:
+    blocks = view.longest_matches(request.block_hashes)
+    return {peer: n * request.block_size for peer, n in blocks.items()}
+
+
+def _local_candidate(model: CostModel, request: RouteRequest, local: LocalState) -> Candidate:
+    return model.candidate(LOCAL, request.prompt_tokens, local.match_tokens, local.load, 0.0)
+
+
+def _peer_candidate(
+    model: CostModel, request: RouteRequest, peer: PeerState, match: int, now: float
+) -> Candidate:
+    load = peer.load
+    if peer.load_at is None or now - peer.load_at > model.stale_load_s:
+        load = Load(0, peer.load.prefill_ms_per_token, 0)
+    rtt = model.default_rtt_ms if peer.rtt_ms is None else peer.rtt_ms
+    return model.candidate(
+        peer.peer_id, request.prompt_tokens, match, load, rtt, peer.digest_age(now)
+    )
+
+
+def _decision(name: str, ranked: list[Candidate], reason: str) -> Decision:
+    best = ranked[0]
+    return Decision(
+        policy=name,
+        target=best.target,
+        predicted_match_tokens=best.predicted_match_tokens,
+        reason=reason,
+        candidates=tuple(ranked),
+        digest_age_s=best.digest_age_s,
+        est_ttft_ms=best.est_ttft_ms,
+    )
+
+
+def _all_candidates(
+    model: CostModel, request: RouteRequest, local: LocalState, view: PeerView, now: float
+) -> list[Candidate]:
+    matches = _peer_matches(request, view)
+    out = [_peer_candidate(model, request, p, matches.get(p.peer_id, 0), now) for p in _eligible(view, now)]
+    if local.can_serve:
+        out.append(_local_candidate(model, request, local))
+    return out
+
+
+# -- policies -------------------------------------------------------------------
+
+
+@dataclass
+class CostPolicy:
+    """Minimise estimated time to first token over the local node and peers.
+
+    Forwards only when a peer's estimate beats local recompute by more than
+    ``tie_ms`` *and* ``tie_ratio``; so on a slow network (RTT above the
+    prefill it would save) it serves locally and degrades to ``local``.
+    Among near-ties it picks at random (weighted towards the cheaper) so
+    that many origins do not herd onto one peer.
+    """
+
+    model: CostModel = field(default_factory=CostModel)
+    tie_ms: float = 2.0
+    tie_ratio: float = 0.05
+    spare_peers: int = 3
+    """Unmatched peers considered (cheapest RTT + queue first)."""
+    name: str = "cost"
+
+    def decide(
+        self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
+    ) -> Decision:
+        local_c = _local_candidate(self.model, request, local) if local.can_serve else None
+        # Unmatched peers can only win on queue time; a few cheapest suffice.
+        peers = _matched_candidates(self.model, request, view, now, self.spare_peers)
+        ranked = sorted(peers + ([local_c] if local_c else []), key=lambda c: (c.est_ttft_ms, c.target))
+        if not ranked:
+            raise NoCandidateError("no peer can serve and this node has no engine")
+        if local_c is not None:
+            # Forwarding must be clearly cheaper than recomputing here.
+            margin = max(self.tie_ms, self.tie_ratio * local_c.est_ttft_ms)
+            better = [c for c in ranked if c.target != LOCAL and c.est_ttft_ms + margin < local_c.est_ttft_ms]
+            if not better:
+                rest = [c for c in ranked if c.target != LOCAL]
+                return _decision(
+                    self.name,
+                    [local_c, *rest],
+                    f"local: no peer beats recompute here ({local_c.est_ttft_ms:.1f} ms) by {margin:.1f} ms",
+                )
+            worse = [c for c in ranked if c.target != LOCAL and c.est_ttft_ms + margin >= local_c.est_ttft_ms]
+            ranked = better + [local_c] + worse
+        else:
+            better = ranked
+        best = ranked[0]
+        band = max(self.tie_ms, self.tie_ratio * best.est_ttft_ms)
+        # Only peers that already beat local recompute may share the tie.
+        ties = [c for c in better if c.est_ttft_ms <= best.est_ttft_ms + band]
+        if len(ties) > 1:
+            weights = [1.0 / (1.0 + c.est_ttft_ms - best.est_ttft_ms) for c in ties]
+            pick = rng.choices(ties, weights=weights, k=1)[0]
+            ranked = [pick] + [c for c in ranked if c is not pick]
+        chosen = ranked[0]
+        reason = (
+            f"{'local' if chosen.target == LOCAL else 'forward'}: est TTFT {chosen.est_ttft_ms:.1f} ms "
+            f"(rtt {chosen.rtt_ms:.1f} + queue {chosen.queue_ms:.1f} + prefill {chosen.prefill_ms:.1f}), "
+            f"match {chosen.predicted_match_tokens}/{request.prompt_tokens} tokens"
+            + (f", {len(ties)} near-ties" if len(ties) > 1 else "")
+        )
+        return _decision(self.name, ranked, reason)
+
+
+class NoCandidateError(RuntimeError):
+    """Nobody can serve: no engine here and no eligible peer."""
+
+
+@dataclass
+class PaperPolicy:
+    """The paper's rule: longest estimated prefix match; busy peers skipped.
+
+    Ties (including "nobody matches") go to the local node when it can
+    serve, else to a random eligible peer.
+    """
+
+    model: CostModel = field(default_factory=CostModel)
+    name: str = "paper"
+
+    def decide(
+        self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
+    ) -> Decision:
+        cands = _matched_candidates(self.model, request, view, now, spare=3)
+        if local.can_serve:
+            cands.append(_local_candidate(self.model, request, local))
+        if not cands:
+            raise NoCandidateError("no peer can serve and this node has no engine")
+        best_match = max(c.predicted_match_tokens for c in cands)
+        top = [c for c in cands if c.predicted_match_tokens == best_match]
+        local_top = [c for c in top if c.target == LOCAL]
+        chosen = local_top[0] if local_top else rng.choice(sorted(top, key=lambda c: c.target))
+        rest = sorted((c for c in cands if c is not chosen), key=lambda c: -c.predicted_match_tokens)
+        reason = f"longest estimated match {best_match}/{request.prompt_tokens} tokens"
+        return _decision(self.name, [chosen, *rest], reason)
+
+
+@dataclass
+class RandomPolicy:
+    model: CostModel = field(default_factory=CostModel)
+    name: str = "random"
+
+    def decide(
+        self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
+    ) -> Decision:
+        cands = sorted(_all_candidates(self.model, request, local, view, now), key=lambda c: c.target)
+        if not cands:
+            raise NoCandidateError("no peer can serve and this node has no engine")
+        rng.shuffle(cands)
+        return _decision(self.name, cands, "uniform random choice")
+
+
+@dataclass
+class RoundRobinPolicy:
+    """Cycles over the local node and the eligible peers in id order."""
+
+    model: CostModel = field(default_factory=CostModel)
+    name: str = "round-robin"
+    _next: int = 0
+
+    def decide(
+        self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
+    ) -> Decision:
+        cands = sorted(_all_candidates(self.model, request, local, view, now), key=lambda c: c.target)
+        if not cands:
+            raise NoCandidateError("no peer can serve and this node has no engine")
+        i = self._next % len(cands)
+        self._next += 1
+        return _decision(self.name, cands[i:] + cands[:i], f"round robin slot {i} of {len(cands)}")
+
+
+@dataclass
+class LeastLoadedPolicy:
+    """Fewest queued prefill tokens (by estimated queue time); ties random."""
+
+    model: CostModel = field(default_factory=CostModel)
+    name: str = "least-loaded"
+
+    def decide(
+        self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
+    ) -> Decision:
+        cands = _all_candidates(self.model, request, local, view, now)
+        if not cands:
+            raise NoCandidateError("no peer can serve and this node has no engine")
+        keyed = [(c.queue_ms, rng.random(), c) for c in cands]
+        keyed.sort(key=lambda t: (t[0], t[1]))
+        ranked = [c for _, _, c in keyed]
+        return _decision(self.name, ranked, f"least queued work ({ranked[0].queue_ms:.1f} ms)")
+
+
+@dataclass
+class LocalPolicy:
+    """Serve where the request arrived; peers only as fallbacks if it cannot."""
+
+    model: CostModel = field(default_factory=CostModel)
+    name: str = "local"
+
+    def decide(
+        self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
+    ) -> Decision:
+        cands = sorted(_all_candidates(self.model, request, local, view, now), key=lambda c: c.target != LOCAL)
+        if not cands:
+            raise NoCandidateError("no peer can serve and this node has no engine")
+        return _decision(self.name, cands, "serve where the request arrived")
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "cost": CostPolicy,
+    "paper": PaperPolicy,
+    "random": RandomPolicy,
+    "round-robin": RoundRobinPolicy,
+    "least-loaded": LeastLoadedPolicy,
+    "local": LocalPolicy,
+}
+
+
+def make_policy(name: str) -> Policy:
+    """A fresh policy by name (see :data:`POLICIES`)."""
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}") from None

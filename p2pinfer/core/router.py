@@ -1,0 +1,156 @@
+"""The routing state machine of one node, without I/O.
+
+:class:`Router` ties the core together: it follows the local cache to keep
+this node's digest, folds peers' digests and load reports into the
+:class:`~p2pinfer.core.peers.PeerView`, asks the policy where a request goes,
+and learns from what forwards really reused (trust). The live node feeds it
+bytes and clock readings from libp2p; the simulator feeds it events from a
+virtual clock. Both run exactly this code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+import random
+
+from .blocks import BlockHasher, ModelFingerprint
+from .digest import Digest, DigestTracker, decode_digest, encode_digest
+from .peers import ApplyResult, Load, PeerView
+from .policies import Decision, LocalState, Policy, RouteRequest, make_policy
+from .radix import RadixTree
+
+__all__ = ["GossipConfig", "Router", "RouterConfig", "TrustConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class GossipConfig:
+    """Anti-entropy schedule shared by the live node and the simulator."""
+
+    delta_interval_s: float = 0.25
+    """Pending cache changes are batched and published at most this often."""
+    full_interval_s: float = 5.0
+    """A full digest heals whatever deltas were lost."""
+    load_interval_s: float = 1.0
+    """Load reports (and liveness) at least this often."""
+    peer_ttl_s: float = 6.0
+    """A peer not heard from for this long leaves the view."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrustConfig:
+    """How a peer that overclaims its cache loses our traffic."""
+
+    smoothing: float = 0.3
+    """Weight of the newest realised/predicted ratio in the running trust."""
+    floor: float = 0.5
+    """Below this trust the peer is ignored for ``distrust_s``."""
+    distrust_s: float = 120.0
+    min_predicted_tokens: int = 32
+    """Forwards predicted to reuse fewer tokens say nothing about honesty."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    policy: str = "cost"
+    busy_queue_ms: float = 4000.0
+    """A node whose queued prefill exceeds this much work says it is busy."""
+    busy_backoff_s: float = 2.0
+    """How long peers stay away from a node that said it was busy."""
+    gossip: GossipConfig = field(default_factory=GossipConfig)
+    trust: TrustConfig = field(default_factory=TrustConfig)
+
+
+class Router:
+    def __init__(
+        self,
+        node_id: str,
+        fingerprint: ModelFingerprint,
+        cache: RadixTree,
+        *,
+        config: RouterConfig | None = None,
+        secret: bytes | None = None,
+        policy: Policy | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.config = config or RouterConfig()
+        self.hasher = BlockHasher(fingerprint, secret)
+        self.cache = cache
+        self.rng = random.Random(seed)
+        self.tracker = DigestTracker(self.hasher, node_id, epoch=self.rng.getrandbits(63))
+        for seq in cache.sequences():  # an engine may start warm
+            self.tracker.on_event_insert(seq)
+        cache.subscribe(self.tracker.on_event)
+        self.view = PeerView(self.tracker.fingerprint, node_id)
+        self.policy: Policy = policy or make_policy(self.config.policy)
+        self.rejected_fingerprints: set[str] = set()
+
+    @property
+    def fingerprint_hex(self) -> str:
+        return self.tracker.fingerprint
+
+    # -- deciding --------------------------------------------------------------
+    def route(
+        self, tokens: Sequence[int], local_load: Load, now: float, *, can_serve: bool = True
+    ) -> tuple[Decision, list[int]]:
+        """Decide where ``tokens`` go; also returns their block hashes."""
+        hashes = self.hasher.hashes(tokens)
+        local = LocalState(self.node_id, self.cache.match(tokens, touch=False), local_load, can_serve)
+        request = RouteRequest(len(tokens), hashes, self.hasher.block_size)
+        return self.policy.decide(request, local, self.view, now, self.rng), hashes
+
+    def is_busy(self, load: Load) -> bool:
+        return load.queued_prefill_tokens * load.prefill_ms_per_token > self.config.busy_queue_ms
+
+    # -- learning from peers ------------------------------------------------------
+    def on_digest(self, digest: Digest, now: float) -> ApplyResult:
+        if digest.node_id == self.node_id:
+            return "stale"
+        result = self.view.apply_digest(digest, now)
+        if result == "fingerprint":
+            self.rejected_fingerprints.add(digest.fingerprint)
+        return result
+
+    def on_digest_bytes(self, data: bytes, now: float) -> ApplyResult:
+        """Decode then apply; raises :class:`~p2pinfer.core.digest.DigestError`."""
+        return self.on_digest(decode_digest(data), now)
+
+    def on_load(self, peer_id: str, load: Load, busy: bool, now: float) -> None:
+        if peer_id == self.node_id:
+            return
+        self.view.update_load(peer_id, load, now, self.config.busy_backoff_s if busy else 0.0)
+
+    def on_busy_refusal(self, peer_id: str, now: float) -> None:
+        """The target said BUSY: the paper's valve, stay away for a while."""
+        self.view.mark_busy(peer_id, now, self.config.busy_backoff_s)
+
+    def on_peer_gone(self, peer_id: str) -> None:
+        self.view.remove(peer_id)
+
+    def on_forward_result(self, peer_id: str, predicted: int, realised: int, now: float) -> bool:
+        """Compare a forward's predicted reuse with what the peer reports.
+
+        Returns True when this result made the peer distrusted: its cache
+        view is dropped and it gets no traffic for ``distrust_s``.
+        """
+        trust_cfg = self.config.trust
+        state = self.view.get(peer_id)
+        if state is None or predicted < trust_cfg.min_predicted_tokens:
+            return False
+        ratio = min(1.0, max(0.0, realised / predicted))
+        state.trust = (1 - trust_cfg.smoothing) * state.trust + trust_cfg.smoothing * ratio
+        if state.trust < trust_cfg.floor:
+            state.distrust_until = now + trust_cfg.distrust_s
+            state.trust = 1.0  # a fresh start once the penalty expires
+            self.view.forget_cache(peer_id)
+            return True
+        return False
+
+    # -- what we tell peers ------------------------------------------------------
+    def take_delta(self) -> bytes | None:
+        delta = self.tracker.take_delta()
+        return None if delta is None else encode_digest(delta)
+
+    def full_digest(self) -> bytes:
+        return encode_digest(self.tracker.full())

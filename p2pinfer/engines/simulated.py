@@ -1,0 +1,145 @@
+"""The *simulated* engine: a cost model with a real radix cache, no weights.
+
+It exists for the simulator and for network tests at scale, where loading a
+real model per node would be too slow. Prefix caching is real (a
+:class:`~p2pinfer.core.radix.RadixTree` under a token budget, with pinning
+while a request runs); time is not: each request sleeps for what
+:class:`~p2pinfer.core.costmodel.EngineCostModel` says the real engine
+would take. Its "text" is made of the prompt's own pieces, so it is not a
+language model and never claims to be one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+import time
+from typing import Any
+
+import trio
+
+from ..core.blocks import DEFAULT_BLOCK_SIZE, ModelFingerprint
+from ..core.costmodel import EngineCostModel
+from ..core.peers import Load
+from ..core.radix import RadixTree
+from .approx_tokenizer import ApproxTokenizer
+from .base import (
+    ChatMessage,
+    Engine,
+    EngineOverloadedError,
+    GenerationParams,
+    GenerationRecord,
+    TokenChunk,
+)
+
+__all__ = ["SimulatedEngine"]
+
+
+class SimulatedEngine(Engine):
+    """Simulated engine (cost model + real radix cache); see module docstring."""
+
+    name = "simulated"
+
+    def __init__(
+        self,
+        *,
+        model: str = "simulated-smollm2-135m",
+        cache_tokens: int = 200_000,
+        context_size: int = 8192,
+        cost: EngineCostModel | None = None,
+        speed: float = 1.0,
+        max_queue: int = 256,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        chat_template: str = "chatml-approx-v1",
+        vocab_size: int = 49152,
+        **_ignored: Any,
+    ) -> None:
+        """``speed`` scales the cost model: 0 makes every request instant."""
+        self._tokenizer = ApproxTokenizer(vocab_size)
+        self._fingerprint = ModelFingerprint(
+            model=model, tokenizer=f"approx-v1-{vocab_size}", chat_template=chat_template, block_size=block_size
+        )
+        self._cache = RadixTree(capacity_tokens=cache_tokens)
+        self._context = context_size
+        self.cost = (cost or EngineCostModel()).scaled(speed) if speed != 1.0 else (cost or EngineCostModel())
+        self._lock = trio.Lock()  # FIFO: one request at a time, like one llama.cpp context
+        self._queued_prefill = 0
+        self._active = 0
+        self._max_queue = max_queue
+
+    @property
+    def fingerprint(self) -> ModelFingerprint:
+        return self._fingerprint
+
+    @property
+    def cache(self) -> RadixTree:
+        return self._cache
+
+    @property
+    def context_size(self) -> int:
+        return self._context
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.vocab_size
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        return self._tokenizer.encode(text)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self._tokenizer.decode(tokens)
+
+    def chat_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return self.tokenize(text + "<|im_start|>assistant\n")
+
+    def load(self) -> Load:
+        return Load(
+            queued_prefill_tokens=self._queued_prefill,
+            prefill_ms_per_token=max(self.cost.prefill_ms_per_token, 1e-3),
+            active_requests=self._active,
+        )
+
+    async def generate(
+        self, tokens: Sequence[int], params: GenerationParams
+    ) -> AsyncIterator[TokenChunk | GenerationRecord]:
+        self.validate_tokens(tokens, params)
+        if self._active >= self._max_queue:
+            raise EngineOverloadedError(f"{self._active} requests queued (limit {self._max_queue})")
+        tokens = list(tokens)
+        t0 = time.perf_counter()
+        estimate = len(tokens) - self._cache.match(tokens, touch=False)
+        self._active += 1
+        self._queued_prefill += estimate
+        try:
+            async with self._lock:
+                self._queued_prefill -= estimate
+                estimate = 0
+                queue_s = time.perf_counter() - t0
+                reused = self._cache.match(tokens)
+                pin = self._cache.pin(tokens[:reused])
+                try:
+                    await trio.sleep(self.cost.prefill_ms(len(tokens), reused) / 1000)
+                    self._cache.insert(tokens)
+                finally:
+                    self._cache.unpin(pin)
+                ttft = time.perf_counter() - t0
+                out: list[int] = []
+                # Echo pieces of the prompt: deterministic for greedy decoding.
+                for i in range(params.max_tokens):
+                    if i:
+                        await trio.sleep(self.cost.decode_ms_per_token / 1000)
+                    token = tokens[(len(tokens) * 7 + i * 13) % len(tokens)]
+                    out.append(token)
+                    yield TokenChunk((token,), self._tokenizer.decode([token]))
+                yield GenerationRecord(
+                    prompt_tokens=len(tokens),
+                    reused_tokens=reused,
+                    generated_tokens=len(out),
+                    ttft_s=ttft,
+                    total_s=time.perf_counter() - t0,
+                    finish_reason="length",
+                    queue_s=queue_s,
+                )
+        finally:
+            self._queued_prefill -= estimate
+            self._active -= 1
