@@ -298,8 +298,11 @@ class RadixTree:
         node = path[-1]
         while node.parent is not None and not node.children and node.pins == 0:
             parent = node.parent
+            shared = len(parent.children) > 1  # the parent belongs to another sequence too
             removed += len(node.key)
             self._remove_leaf(node)
+            if shared or parent is self._root:
+                break
             node = parent
         return removed
 

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+import p2pinfer
+from p2pinfer.cli.main import app
+
+runner = CliRunner()
+
+
+def test_version_and_help() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and p2pinfer.__version__ in result.output
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0 and "bench" in result.output
+
+
+def test_console_script_is_installed() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", "from p2pinfer.cli.main import run; run()", "--version"],
+        capture_output=True, text=True, check=True,
+    )
+    assert out.stdout.strip() == f"p2pinfer {p2pinfer.__version__}"
+
+
+def test_bench_route_json_has_the_figures() -> None:
+    result = runner.invoke(
+        app, ["bench", "route", "--peers", "16", "--blocks-per-peer", "64", "--iterations", "20", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["peers"] == 16 and data["blocks_per_peer"] == 64
+    assert 0 < data["decision_us_p50"] <= data["decision_us_p99"]
+
+
+def test_bench_route_rejects_unknown_policy() -> None:
+    result = runner.invoke(app, ["bench", "route", "--policy", "fastest"])
+    assert result.exit_code != 0 and "choose from" in result.output

@@ -1,0 +1,142 @@
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, strategies as st
+import pytest
+
+from p2pinfer.core import LOCAL, BlockHasher, Digest, Load, LocalState, ModelFingerprint, PeerView, RouteRequest, make_policy
+from p2pinfer.core.policies import CostPolicy, NoCandidateError
+
+FP = ModelFingerprint("m", "t", "c")
+H = BlockHasher(FP)
+PROMPT = list(range(16 * 64))  # 1,024 tokens
+HASHES = H.hashes(PROMPT)
+REQ = RouteRequest(len(PROMPT), HASHES, 16)
+
+
+def view_with(peers: dict[str, tuple[int, int, float]], now: float = 0.0) -> PeerView:
+    """peers: id -> (matched blocks, queued tokens, rtt ms)."""
+    view = PeerView(FP.hex(), "me")
+    for peer, (blocks, queued, rtt) in peers.items():
+        view.apply_digest(Digest("full", peer, FP.hex(), 1, 0, frozenset(HASHES[:blocks])), now)
+        view.update_load(peer, Load(queued, 4.0), now)
+        view.set_rtt(peer, rtt, now)
+    return view
+
+
+def local(match: int = 0, queued: int = 0) -> LocalState:
+    return LocalState("me", match, Load(queued, 4.0))
+
+
+def decide(name: str, view: PeerView, loc: LocalState, now: float = 0.0, seed: int = 1):
+    return make_policy(name).decide(REQ, loc, view, now, random.Random(seed))
+
+
+def test_paper_picks_longest_estimated_match() -> None:
+    d = decide("paper", view_with({"a": (10, 0, 1.0), "b": (40, 0, 1.0)}), local())
+    assert d.target == "b" and d.predicted_match_tokens == 640
+    assert "longest" in d.reason and d.digest_age_s == 0.0
+
+
+def test_paper_skips_busy_peer_until_backoff_expires() -> None:
+    view = view_with({"a": (10, 0, 1.0), "b": (40, 0, 1.0)})
+    view.mark_busy("b", 0.0, 2.0)
+    assert decide("paper", view, local(), now=1.0).target == "a"
+    assert decide("paper", view, local(), now=2.5).target == "b"
+
+
+def test_paper_prefers_local_on_equal_match() -> None:
+    assert decide("paper", view_with({"a": (10, 0, 1.0)}), local(match=160)).target == LOCAL
+
+
+def test_cost_forwards_to_cached_prefix_on_fast_network() -> None:
+    d = decide("cost", view_with({"a": (60, 0, 1.0)}), local())
+    assert d.target == "a"
+    assert d.candidates[0].est_ttft_ms < d.candidates[-1].est_ttft_ms
+    assert LOCAL in d.fallbacks()
+
+
+def test_cost_stays_local_on_slow_network() -> None:
+    # Saving 960 tokens x 4 ms = 3,840 ms is not worth a 5 s round trip.
+    d = decide("cost", view_with({"a": (60, 0, 5000.0)}), local())
+    assert d.target == LOCAL and "no peer beats" in d.reason
+
+
+def test_cost_avoids_queue_behind_cached_prefix() -> None:
+    # The holder has 2,000 tokens queued (8 s); recomputing here is cheaper.
+    d = decide("cost", view_with({"a": (60, 2000, 1.0)}), local())
+    assert d.target == LOCAL
+
+
+def test_cost_escapes_local_queue_to_idle_peer() -> None:
+    d = decide("cost", view_with({"idle": (0, 0, 1.0)}), local(queued=5000))
+    assert d.target == "idle"
+
+
+@given(
+    local_blocks=st.integers(0, 64),
+    peer_blocks=st.integers(0, 64),
+    local_q=st.integers(0, 3000),
+    peer_q=st.integers(0, 3000),
+    rtt=st.floats(0.0, 20_000.0),
+    seed=st.integers(0, 10),
+)
+def test_cost_never_forwards_when_rtt_exceeds_prefill_saved(
+    local_blocks: int, peer_blocks: int, local_q: int, peer_q: int, rtt: float, seed: int
+) -> None:
+    view = view_with({"a": (peer_blocks, peer_q, rtt), "b": (peer_blocks // 2, peer_q, rtt)})
+    loc = local(local_blocks * 16, local_q)
+    d = decide("cost", view, loc, seed=seed)
+    if d.target != LOCAL:
+        chosen = d.candidates[0]
+        local_cost = max(1, len(PROMPT) - local_blocks * 16) * 4.0 + local_q * 4.0
+        saved = local_cost - (chosen.queue_ms + chosen.prefill_ms)
+        assert chosen.rtt_ms < saved
+
+
+def test_cost_near_ties_spread_over_peers() -> None:
+    view = view_with({"a": (60, 0, 1.0), "b": (60, 0, 1.0), "c": (60, 0, 1.1)})
+    policy = CostPolicy()
+    rng = random.Random(3)
+    picks = {policy.decide(REQ, local(), view, 0.0, rng).target for _ in range(60)}
+    assert picks == {"a", "b", "c"}
+
+
+def test_other_model_peers_are_never_candidates() -> None:
+    view = view_with({"a": (60, 0, 1.0)})
+    view.apply_digest(Digest("full", "x", "ffff", 1, 0, frozenset(HASHES)), 0.0)
+    for name in ("cost", "paper", "random", "round-robin", "least-loaded", "local"):
+        d = decide(name, view, local())
+        assert "x" not in [c.target for c in d.candidates]
+
+
+def test_round_robin_cycles() -> None:
+    view = view_with({"a": (0, 0, 1.0), "b": (0, 0, 1.0)})
+    policy = make_policy("round-robin")
+    rng = random.Random(0)
+    targets = [policy.decide(REQ, local(), view, 0.0, rng).target for _ in range(6)]
+    assert targets == ["a", "b", LOCAL] * 2
+
+
+def test_least_loaded_and_local() -> None:
+    view = view_with({"a": (0, 300, 1.0), "b": (0, 10, 1.0)})
+    assert decide("least-loaded", view, local(queued=100)).target == "b"
+    assert decide("local", view, local(queued=100)).target == LOCAL
+
+
+def test_random_is_seeded() -> None:
+    view = view_with({"a": (0, 0, 1.0), "b": (0, 0, 1.0), "c": (0, 0, 1.0)})
+    seq1 = [decide("random", view, local(), seed=s).target for s in range(20)]
+    seq2 = [decide("random", view, local(), seed=s).target for s in range(20)]
+    assert seq1 == seq2 and len(set(seq1)) > 1
+
+
+def test_no_engine_and_no_peer_is_an_error() -> None:
+    with pytest.raises(NoCandidateError):
+        decide("cost", PeerView(FP.hex(), "me"), LocalState("me", 0, Load(), can_serve=False))
+
+
+def test_unknown_policy_named_in_error() -> None:
+    with pytest.raises(ValueError, match="unknown policy 'fastest'"):
+        make_policy("fastest")

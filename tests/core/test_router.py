@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+from p2pinfer.core import LOCAL, Load, ModelFingerprint, RadixTree, Router
+
+FP = ModelFingerprint("m", "t", "c")
+PROMPT = list(range(1, 16 * 20 + 1))
+
+
+def pair() -> tuple[Router, Router]:
+    a = Router("a", FP, RadixTree(), seed=1)
+    b = Router("b", FP, RadixTree(), seed=2)
+    return a, b
+
+
+def test_views_follow_deltas_and_full_digests() -> None:
+    a, b = pair()
+    a.cache.insert(PROMPT)
+    delta = a.take_delta()
+    assert delta is not None and a.take_delta() is None  # nothing new since
+    assert b.on_digest_bytes(delta, 1.0) == "applied"
+    b.on_load("a", Load(0, 4.0), False, 1.0)
+    decision, hashes = b.route(PROMPT, Load(0, 4.0), 1.0)
+    assert decision.target == "a" and decision.predicted_match_tokens == 320 and len(hashes) == 20
+    # Eviction on a shows up in b's view after the next delta.
+    a.cache.evict(0)
+    assert b.on_digest_bytes(a.take_delta() or b"", 2.0) == "applied"
+    assert b.route(PROMPT, Load(0, 4.0), 2.0)[0].target == LOCAL
+
+
+def test_lost_delta_heals_with_full_digest() -> None:
+    a, b = pair()
+    a.cache.insert(PROMPT)
+    b.on_digest_bytes(a.take_delta() or b"", 1.0)
+    a.cache.insert([9] * 64)
+    a.take_delta()  # lost
+    a.cache.insert([8] * 64)
+    assert b.on_digest_bytes(a.take_delta() or b"", 2.0) == "gap"
+    assert b.on_digest_bytes(a.full_digest(), 3.0) == "applied"
+    state = b.view.get("a")
+    assert state is not None and state.hashes == a.tracker.hashes
+
+
+def test_own_digest_is_ignored() -> None:
+    a, _ = pair()
+    a.cache.insert(PROMPT)
+    assert a.on_digest_bytes(a.full_digest(), 0.0) == "stale"
+    assert "a" not in a.view
+
+
+def test_busy_signal_backs_off() -> None:
+    a, b = pair()
+    a.cache.insert(PROMPT)
+    b.on_digest_bytes(a.full_digest(), 0.0)
+    b.on_load("a", Load(0, 4.0), True, 0.0)
+    assert b.route(PROMPT, Load(0, 4.0), 1.0)[0].target == LOCAL
+    assert b.route(PROMPT, Load(0, 4.0), 2.5)[0].target == "a"
+    b.on_busy_refusal("a", 3.0)
+    assert b.route(PROMPT, Load(0, 4.0), 4.0)[0].target == LOCAL
+
+
+def test_overclaiming_peer_loses_trust_then_recovers() -> None:
+    a, b = pair()
+    a.cache.insert(PROMPT)
+    b.on_digest_bytes(a.full_digest(), 0.0)
+    b.on_load("a", Load(0, 4.0), False, 0.0)
+    mispredictions = 0
+    while b.route(PROMPT, Load(0, 4.0), 1.0)[0].target == "a":
+        mispredictions += 1
+        assert mispredictions <= 20
+        b.on_forward_result("a", predicted=320, realised=0, now=1.0)
+    assert 1 <= mispredictions <= 5
+    # Honest results do not cost trust.
+    _, c = pair()
+    c.on_digest_bytes(a.full_digest(), 0.0)
+    for _ in range(50):
+        assert not c.on_forward_result("a", predicted=320, realised=320, now=1.0)
+    # After the penalty the peer is heard again (with a fresh digest).
+    b.on_digest_bytes(a.full_digest(), 200.0)
+    b.on_load("a", Load(0, 4.0), False, 200.0)
+    assert b.route(PROMPT, Load(0, 4.0), 200.0)[0].target == "a"
+
+
+def test_busy_threshold() -> None:
+    a, _ = pair()
+    assert not a.is_busy(Load(100, 4.0))
+    assert a.is_busy(Load(2000, 4.0))
