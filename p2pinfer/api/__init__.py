@@ -1,0 +1,6 @@
+"""The OpenAI-compatible HTTP API, metrics and status of a node."""
+
+from .app import ApiLimits, create_app
+from .server import serve_http
+
+__all__ = ["ApiLimits", "create_app", "serve_http"]

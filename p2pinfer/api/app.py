@@ -1,0 +1,410 @@
+"""The OpenAI-compatible HTTP API of a node (starlette, served by hypercorn on trio).
+
+Any node accepts any request and routes it through the swarm with
+:meth:`p2pinfer.node.Node.generate`. Every response carries a ``p2pinfer``
+extension field with the routing facts: who served it, predicted and
+realised reused tokens, the reason, hops and the attempts. Errors use the
+OpenAI error object: 400 for a bad request, 413 for one too large, 503 with
+``Retry-After`` when the swarm is saturated, 504 past the deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from starlette.applications import Starlette
+import trio
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..engines.base import EngineError, EngineOverloadedError, InvalidRequestError, PromptTooLongError, TokenChunk
+from .metrics import NodeMetrics
+from .openai_schema import (
+    MAX_BODY_BYTES,
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    error_body,
+    new_id,
+    now_s,
+    parse_chat,
+    parse_completion,
+    parse_json_body,
+)
+
+if TYPE_CHECKING:
+    from ..node import GenerateResult, Node
+
+__all__ = ["ApiLimits", "create_app"]
+
+log = logging.getLogger(__name__)
+
+
+class ApiLimits:
+    """Admission control: more concurrent requests than this get 503."""
+
+    def __init__(self, max_concurrent: int = 128, retry_after_s: int = 2) -> None:
+        self.max_concurrent = max_concurrent
+        self.retry_after_s = retry_after_s
+        self.active = 0
+
+
+def _routing_facts(result: GenerateResult) -> dict[str, Any]:
+    return {
+        "request_id": result.request_id,
+        "served_by": result.served_by,
+        "served_locally": result.served_locally,
+        "hops": result.hops,
+        "policy": result.policy,
+        "reason": result.reason,
+        "predicted_reused_tokens": result.predicted_reused_tokens,
+        "reused_tokens": result.reused_tokens,
+        "prompt_tokens": result.prompt_tokens,
+        "ttft_ms": round(result.ttft_s * 1000, 3),
+        "attempts": [a.as_dict() for a in result.attempts],
+    }
+
+
+def _usage(result: GenerateResult) -> dict[str, int]:
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.generated_tokens,
+        "total_tokens": result.prompt_tokens + result.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": result.reused_tokens},  # type: ignore[dict-item]
+    }
+
+
+def _error_response(err: ApiError) -> JSONResponse:
+    headers = {}
+    if err.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, int(round(err.retry_after_s))))
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+def _translate(exc: BaseException, limits: ApiLimits) -> ApiError:
+    """Map what the node raised to the HTTP answer."""
+    from ..node import DeadlineExceeded, RequestFailed
+
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, PromptTooLongError):
+        return ApiError(413, str(exc), code="context_length_exceeded", param="prompt")
+    if isinstance(exc, InvalidRequestError):
+        return ApiError(400, str(exc))
+    if isinstance(exc, EngineOverloadedError):
+        return ApiError(503, f"the swarm is saturated: {exc}", type="server_error", code="overloaded",
+                        retry_after_s=limits.retry_after_s)
+    if isinstance(exc, RequestFailed):
+        if any(a.outcome == "BUSY" for a in exc.attempts):
+            return ApiError(503, f"the swarm is saturated: {exc}", type="server_error", code="overloaded",
+                            retry_after_s=limits.retry_after_s)
+        return ApiError(502, str(exc), type="server_error", code="no_peer_could_serve")
+    if isinstance(exc, DeadlineExceeded):
+        return ApiError(504, str(exc), type="server_error", code="deadline_exceeded")
+    if isinstance(exc, EngineError):
+        return ApiError(500, f"engine failure: {exc}", type="server_error", code="engine_error")
+    log.exception("unexpected error while serving a request", exc_info=exc)
+    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error", code="internal")
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class _Stream:
+    """The consumer side of a generation: items in order, errors re-raised."""
+
+    def __init__(self, recv: trio.MemoryReceiveChannel[Any], scope: trio.CancelScope) -> None:
+        self._recv = recv
+        self._scope = scope
+
+    async def next(self) -> Any:
+        try:
+            item = await self._recv.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        if isinstance(item, _Failure):
+            raise item.exc
+        return item
+
+    async def aclose(self) -> None:
+        self._scope.cancel()
+        await self._recv.aclose()
+
+
+Spawn = Callable[..., None]
+
+
+def create_app(node: Node, spawn: Spawn, metrics: NodeMetrics | None = None, limits: ApiLimits | None = None) -> Starlette:
+    """``spawn(fn, *args)`` starts a task in a nursery that outlives requests."""
+    limits = limits or ApiLimits()
+    metrics = metrics or NodeMetrics(lambda: metrics_snapshot(node))
+    model_id = node.engine.model_name
+
+    async def read_body(request: Request) -> dict[str, Any]:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise ApiError(413, f"request body of {declared} bytes exceeds {MAX_BODY_BYTES}", code="body_too_large")
+        raw = bytearray()
+        try:
+            async for piece in request.stream():
+                raw += piece
+                if len(raw) > MAX_BODY_BYTES:
+                    raise ApiError(413, f"request body exceeds {MAX_BODY_BYTES} bytes", code="body_too_large")
+        except ClientDisconnect:
+            raise ApiError(400, "client disconnected while sending the body") from None
+        return parse_json_body(bytes(raw))
+
+    def check_model(model: str | None) -> None:
+        if model is not None and model not in (model_id, "default", ""):
+            raise ApiError(404, f"model {model!r} is not served by this swarm (it serves {model_id!r})",
+                           param="model", code="model_not_found")
+
+    def admit() -> None:
+        if limits.active >= limits.max_concurrent:
+            raise ApiError(503, f"this node has {limits.active} requests in flight (limit {limits.max_concurrent})",
+                           type="server_error", code="overloaded", retry_after_s=limits.retry_after_s)
+
+    async def run(prompt: Any, req: CompletionRequest | ChatRequest, channel: trio.MemorySendChannel[Any],
+                  scope: trio.CancelScope) -> None:
+        """Producer task: drives the node's stream into ``channel``.
+
+        It runs in the server's nursery, not in the response's task, because
+        the node's stream holds trio cancel scopes that must be entered and
+        left by one task. The consumer cancels ``scope`` when the client
+        goes away, which closes the node's stream and frees the engine.
+        """
+        limits.active += 1
+        outcome = "error"
+        try:
+            with scope:
+                async with aclosing(node.generate(prompt, req.params)) as items:
+                    async for item in items:
+                        if not isinstance(item, TokenChunk):
+                            outcome = "ok"
+                            metrics.observe(
+                                outcome="ok", ttft_s=item.ttft_s, forwarded=not item.served_locally,
+                                predicted=item.predicted_reused_tokens, realised=item.reused_tokens,
+                                prompt_tokens=item.prompt_tokens,
+                            )
+                        await channel.send(item)
+            if scope.cancelled_caught and outcome != "ok":
+                outcome = "cancelled"
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            if outcome != "ok":
+                outcome = "cancelled"  # the client went away
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+            outcome = _outcome_label(type(exc).__name__)
+            with trio.move_on_after(5):
+                try:
+                    await channel.send(_Failure(exc))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+        finally:
+            channel.close()
+            limits.active -= 1
+            if outcome != "ok":
+                metrics.observe(outcome=outcome)
+
+    async def start(prompt: Any, req: CompletionRequest | ChatRequest) -> _Stream:
+        send, recv = trio.open_memory_channel[Any](64)
+        scope = trio.CancelScope()
+        spawn(run, prompt, req, send, scope)
+        return _Stream(recv, scope)
+
+    async def respond(request: Request, kind: str) -> Response:
+        try:
+            body = await read_body(request)
+            req: CompletionRequest | ChatRequest = parse_completion(body) if kind == "text" else parse_chat(body)
+            check_model(req.model)
+            admit()
+            prompt: Any = req.prompt if isinstance(req, CompletionRequest) else list(req.messages)
+            stream = await start(prompt, req)
+            try:
+                first = await stream.next()
+            except BaseException:
+                await stream.aclose()
+                raise
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error
+            return _error_response(_translate(exc, limits))
+        if req.stream:
+            return StreamingResponse(
+                _sse(stream, first, kind, model_id, limits),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return await _whole(stream, first, kind, model_id, limits)
+
+    async def completions(request: Request) -> Response:
+        return await respond(request, "text")
+
+    async def chat(request: Request) -> Response:
+        return await respond(request, "chat")
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({
+            "object": "list",
+            "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "p2pinfer",
+                      "p2pinfer": {"fingerprint": node.router.fingerprint_hex, "engine": node.engine.name}}],
+        })
+
+    async def status(request: Request) -> Response:
+        return JSONResponse(node.status())
+
+    async def prometheus(request: Request) -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"ok": True, "peer_id": node.peer_id})
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return JSONResponse(error_body(f"no route {request.method} {request.url.path}", "invalid_request_error",
+                                       code="not_found"), status_code=404)
+
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        return JSONResponse(error_body(f"{request.method} is not allowed on {request.url.path}",
+                                       "invalid_request_error", code="method_not_allowed"), status_code=405)
+
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/status", status, methods=["GET"]),
+            Route("/metrics", prometheus, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        exception_handlers={404: not_found, 405: method_not_allowed},
+    )
+    app.state.metrics = metrics
+    app.state.limits = limits
+    return app
+
+
+def _outcome_label(exc_name: str) -> str:
+    return {
+        "RequestFailed": "failed",
+        "DeadlineExceeded": "deadline",
+        "PromptTooLongError": "too_large",
+        "InvalidRequestError": "bad_request",
+        "EngineOverloadedError": "overloaded",
+    }.get(exc_name, "error")
+
+
+async def _whole(stream: _Stream, first: Any, kind: str, model_id: str, limits: ApiLimits) -> Response:
+    from ..node import GenerateResult
+
+    item = first
+    try:
+        while not isinstance(item, GenerateResult):
+            item = await stream.next()
+    except Exception as exc:  # noqa: BLE001
+        return _error_response(_translate(exc, limits))
+    finally:
+        await stream.aclose()
+    result: GenerateResult = item
+    created = now_s()
+    if kind == "text":
+        body: dict[str, Any] = {
+            "id": new_id("cmpl"), "object": "text_completion", "created": created, "model": model_id,
+            "choices": [{"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}],
+        }
+    else:
+        body = {
+            "id": new_id("chatcmpl"), "object": "chat.completion", "created": created, "model": model_id,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
+                         "logprobs": None, "finish_reason": result.finish_reason}],
+        }
+    body["usage"] = _usage(result)
+    body["p2pinfer"] = _routing_facts(result)
+    return JSONResponse(body)
+
+
+async def _sse(stream: _Stream, first: Any, kind: str, model_id: str, limits: ApiLimits) -> AsyncIterator[bytes]:
+    """Server-sent events in OpenAI's format, ending with ``data: [DONE]``.
+
+    An error after the first byte cannot change the status code, so it is
+    sent as an ``error`` event (what OpenAI clients raise on).
+    """
+    from ..node import GenerateResult
+
+    rid = new_id("cmpl" if kind == "text" else "chatcmpl")
+    created = now_s()
+    obj = "text_completion" if kind == "text" else "chat.completion.chunk"
+
+    def event(payload: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+    def chunk(text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+        if kind == "text":
+            choice: dict[str, Any] = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        else:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"id": rid, "object": obj, "created": created, "model": model_id, "choices": [choice]}
+
+    try:
+        if kind == "chat":
+            yield event(chunk(None, None, role=True))
+        item = first
+        try:
+            while True:
+                if isinstance(item, GenerateResult):
+                    final = chunk(None if kind == "chat" else "", item.finish_reason)
+                    final["usage"] = _usage(item)
+                    final["p2pinfer"] = _routing_facts(item)
+                    yield event(final)
+                    break
+                if item.text:
+                    yield event(chunk(item.text, None))
+                item = await stream.next()
+        except StopAsyncIteration:
+            pass
+        except Exception as exc:  # noqa: BLE001
+            err = _translate(exc, limits)
+            yield event(err.body())
+        yield b"data: [DONE]\n\n"
+    finally:
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+
+
+def metrics_snapshot(node: Node) -> dict[str, Any]:
+    """What the scrape-time collector reads from the node."""
+    now = time.monotonic()
+    view = node.router.view
+    by_state = {"eligible": 0, "busy": 0, "distrusted": 0, "no_digest": 0}
+    ages: dict[str, float | None] = {}
+    for p in view:
+        if p.is_distrusted(now):
+            by_state["distrusted"] += 1
+        elif p.is_busy(now):
+            by_state["busy"] += 1
+        elif view.eligible(p, now):
+            by_state["eligible"] += 1
+        else:
+            by_state["no_digest"] += 1
+        ages[p.peer_id] = p.digest_age(now)
+    load = node.engine.load()
+    c = node.counters
+    return {
+        "peers_by_state": by_state,
+        "digest_ages": ages,
+        "cached_tokens": node.engine.cache.total_tokens,
+        "digest_hashes": len(node.router.tracker),
+        "queued_prefill_tokens": load.queued_prefill_tokens,
+        "gossip_bytes_sent": c.gossip_published_bytes,
+        "gossip_bytes_received": c.gossip_received_bytes,
+        "gossip_rejected": dict(c.gossip_rejected),
+    }

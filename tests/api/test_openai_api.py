@@ -1,0 +1,130 @@
+"""The HTTP API against the official openai client, streaming and not."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+import trio
+
+from typing import Any
+
+Api = Any  # the `api` fixture of conftest.py: .node, .base_url, .limits
+
+
+def client(api: Api) -> openai.OpenAI:
+    return openai.OpenAI(base_url=api.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+async def test_completion_with_openai_client(api: Api) -> None:
+    def call():
+        return client(api).completions.create(model=api.node.engine.model_name, prompt="The sky is", max_tokens=5)
+
+    resp = await trio.to_thread.run_sync(call)
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage is not None and resp.usage.completion_tokens == 5
+    facts = resp.model_extra["p2pinfer"]  # type: ignore[index]
+    assert facts["served_by"] == api.node.peer_id and facts["hops"] == 0
+    assert {"predicted_reused_tokens", "reused_tokens", "reason"} <= facts.keys()
+
+
+async def test_second_request_reuses_cache(api: Api) -> None:
+    prompt = "A long shared prefix about astronomy and stars. " * 20
+
+    def call():
+        c = client(api)
+        c.completions.create(model="default", prompt=prompt + "Q1", max_tokens=2)
+        return c.completions.create(model="default", prompt=prompt + "Q2", max_tokens=2)
+
+    resp = await trio.to_thread.run_sync(call)
+    facts = resp.model_extra["p2pinfer"]  # type: ignore[index]
+    assert facts["reused_tokens"] > 100
+    assert resp.usage.prompt_tokens_details.cached_tokens == facts["reused_tokens"]  # type: ignore[union-attr]
+
+
+async def test_chat_streaming_with_openai_client(api: Api) -> None:
+    def call():
+        stream = client(api).chat.completions.create(
+            model=api.node.engine.model_name,
+            messages=[{"role": "user", "content": "Say hello"}],
+            max_tokens=4,
+            stream=True,
+        )
+        return list(stream)
+
+    chunks = await trio.to_thread.run_sync(call)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].model_extra["p2pinfer"]["served_by"] == api.node.peer_id  # type: ignore[index]
+
+
+async def test_completion_streaming_with_openai_client(api: Api) -> None:
+    def call():
+        return list(client(api).completions.create(model="default", prompt="Count: one two", max_tokens=3, stream=True))
+
+    chunks = await trio.to_thread.run_sync(call)
+    assert sum(1 for c in chunks if c.choices[0].text) == 3
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+async def test_models_lists_the_model(api: Api) -> None:
+    models = await trio.to_thread.run_sync(lambda: client(api).models.list())
+    assert [m.id for m in models.data] == [api.node.engine.model_name]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (b"{not json", 400, None),
+        (b"[1, 2]", 400, None),
+        (b'{"prompt": 5}', 400, "prompt"),
+        (b'{"prompt": "x", "max_tokens": -1}', 400, "max_tokens"),
+        (b'{"prompt": "x", "max_tokens": true}', 400, "max_tokens"),
+        (b'{"prompt": "x", "temperature": "hot"}', 400, "temperature"),
+        (b'{"prompt": "x", "n": 3}', 400, "n"),
+        (b'{"prompt": "x", "model": "gpt-9"}', 404, "model"),
+        (b'{"prompt": "x", "max_tokens": 8192}', 413, "prompt"),
+    ],
+)
+async def test_bad_requests_get_openai_errors(api: Api, body: bytes, status: int, param: str | None) -> None:
+    r = await trio.to_thread.run_sync(
+        lambda: httpx.post(api.base_url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    )
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"] and err["param"] == param
+
+
+async def test_openai_client_raises_on_bad_request(api: Api) -> None:
+    def call():
+        client(api).chat.completions.create(model="default", messages=[], max_tokens=2)
+
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        await trio.to_thread.run_sync(call)
+
+
+async def test_oversized_body_is_413(api: Api) -> None:
+    body = b'{"prompt": "' + b"a" * (2 << 20) + b'"}'
+    r = await trio.to_thread.run_sync(lambda: httpx.post(api.base_url + "/v1/completions", content=body))
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+
+async def test_node_keeps_serving_after_bad_input(api: Api) -> None:
+    def call():
+        for junk in (b"\xff\xfe", b"{}", b'{"messages": [{"role": "wizard", "content": 1}]}'):
+            httpx.post(api.base_url + "/v1/chat/completions", content=junk)
+        return httpx.post(api.base_url + "/v1/completions", json={"prompt": "still alive?", "max_tokens": 2})
+
+    r = await trio.to_thread.run_sync(call)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+async def test_saturated_node_answers_503_with_retry_after(api: Api) -> None:
+    api.limits.max_concurrent = 0  # as if every slot were taken
+    r = await trio.to_thread.run_sync(
+        lambda: httpx.post(api.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
+    )
+    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"]["code"] == "overloaded"
