@@ -1,0 +1,129 @@
+"""MMLU five-shot prompts: the paper's workload.
+
+Per subject, the five dev examples form a header shared by every question of
+that subject (the classic Hendrycks prompt); a request is that header plus
+one test question. The header is the reusable prefix; the question is new
+work. Subject popularity is uniform, Zipf or one hot subject.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+import importlib.resources
+import io
+from pathlib import Path
+import random
+
+from .base import Popularity, Prompt, WeightedChoice
+
+__all__ = [
+    "MMLUQuestion",
+    "MMLUSubject",
+    "MMLUWorkload",
+    "format_question",
+    "five_shot_header",
+    "load_mmlu",
+]
+
+MMLU_OUTPUT_TOKENS = 1
+"""A five-shot MMLU answer is one letter."""
+
+
+@dataclass(frozen=True, slots=True)
+class MMLUQuestion:
+    question: str
+    choices: tuple[str, str, str, str]
+    answer: str
+
+
+@dataclass(frozen=True, slots=True)
+class MMLUSubject:
+    name: str
+    dev: tuple[MMLUQuestion, ...]
+    test: tuple[MMLUQuestion, ...]
+
+    @property
+    def title(self) -> str:
+        return self.name.replace("_", " ")
+
+
+def _rows(text: str, where: str) -> list[MMLUQuestion]:
+    out: list[MMLUQuestion] = []
+    for i, row in enumerate(csv.reader(io.StringIO(text, newline=""))):
+        if len(row) != 6 or row[5] not in ("A", "B", "C", "D"):
+            raise ValueError(f"{where} row {i + 1}: expected question,A,B,C,D,answer(A-D)")
+        out.append(MMLUQuestion(row[0], (row[1], row[2], row[3], row[4]), row[5]))
+    return out
+
+
+def load_mmlu(path: str | Path | None = None, *, max_test: int | None = None) -> list[MMLUSubject]:
+    """Subjects sorted by name, from ``path`` (``dev/`` and ``test/`` folders of
+    Hendrycks CSVs) or from the subset shipped in the package."""
+    root = importlib.resources.files("p2pinfer") / "data" / "mmlu" if path is None else Path(path)
+    dev_dir, test_dir = root / "dev", root / "test"
+    subjects: list[MMLUSubject] = []
+    names = sorted(p.name[: -len("_dev.csv")] for p in dev_dir.iterdir() if p.name.endswith("_dev.csv"))
+    if not names:
+        raise FileNotFoundError(f"no <subject>_dev.csv files in {dev_dir}")
+    for name in names:
+        dev = _rows((dev_dir / f"{name}_dev.csv").read_text(encoding="utf-8"), f"{name}_dev.csv")
+        test = _rows((test_dir / f"{name}_test.csv").read_text(encoding="utf-8"), f"{name}_test.csv")
+        if not dev or not test:
+            raise ValueError(f"subject {name} has no dev or no test rows")
+        subjects.append(MMLUSubject(name, tuple(dev), tuple(test[:max_test] if max_test else test)))
+    return subjects
+
+
+def format_question(q: MMLUQuestion, *, with_answer: bool) -> str:
+    text = f"{q.question.strip()}\nA. {q.choices[0]}\nB. {q.choices[1]}\nC. {q.choices[2]}\nD. {q.choices[3]}\nAnswer:"
+    return text + (f" {q.answer}\n\n" if with_answer else "")
+
+
+def five_shot_header(subject: MMLUSubject) -> str:
+    """The shared prefix: instruction plus the five answered dev examples."""
+    intro = f"The following are multiple choice questions (with answers) about {subject.title}.\n\n"
+    return intro + "".join(format_question(q, with_answer=True) for q in subject.dev)
+
+
+class MMLUWorkload:
+    """Draws five-shot prompts: a subject by popularity, then one of its test questions."""
+
+    def __init__(
+        self,
+        subjects: list[MMLUSubject],
+        popularity: Popularity | None = None,
+        *,
+        seed: int = 0,
+        output_tokens: int = MMLU_OUTPUT_TOKENS,
+    ) -> None:
+        self.subjects = subjects
+        self.popularity = popularity or Popularity()
+        self.output_tokens = output_tokens
+        self._headers = [five_shot_header(s) for s in subjects]
+        order = list(range(len(subjects)))
+        random.Random(f"mmlu-ranks-{seed}").shuffle(order)
+        self.ranked = [subjects[i].name for i in order]
+        """Subject names by popularity rank, most popular first."""
+        weights = self.popularity.weights(len(subjects))
+        by_subject = [0.0] * len(subjects)
+        for rank, i in enumerate(order):
+            by_subject[i] = weights[rank]
+        self.weights = by_subject
+        """Probability of each subject (in ``subjects`` order)."""
+        self._choice = WeightedChoice(by_subject)
+
+    def header(self, subject_index: int) -> str:
+        return self._headers[subject_index]
+
+    def prompt(self, subject_index: int, question_index: int) -> Prompt:
+        subject = self.subjects[subject_index]
+        question = format_question(subject.test[question_index % len(subject.test)], with_answer=False)
+        return Prompt(subject.name, (self._headers[subject_index], question), output_tokens=self.output_tokens)
+
+    def draw(self, rng: random.Random) -> Prompt:
+        i = self._choice.draw(rng)
+        return self.prompt(i, rng.randrange(len(self.subjects[i].test)))
+
+    def prompts(self, n: int, rng: random.Random) -> list[Prompt]:
+        return [self.draw(rng) for _ in range(n)]
