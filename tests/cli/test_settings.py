@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from p2pinfer.cli.settings import SettingsError, resolve_settings
+
+
+def test_precedence_flag_env_file_default(tmp_path: Path) -> None:
+    cfg = tmp_path / "node.toml"
+    cfg.write_text('http_port = 7000\npolicy = "paper"\ncache_tokens = 5000\nbootstrap = ["/ip4/1.2.3.4/tcp/1/p2p/x"]\n')
+    env = {"P2PINFER_POLICY": "random", "P2PINFER_CACHE_TOKENS": "6000"}
+    settings, origin = resolve_settings({"cache_tokens": 7000}, env=env, config_path=str(cfg))
+    assert settings.cache_tokens == 7000 and origin["cache_tokens"] == "flag"
+    assert settings.policy == "random" and origin["policy"] == "$P2PINFER_POLICY"
+    assert settings.http_port == 7000 and origin["http_port"].startswith("config file")
+    assert settings.bootstrap == ["/ip4/1.2.3.4/tcp/1/p2p/x"]
+    assert settings.engine == "llama-cpp" and origin["engine"] == "default"
+
+
+def test_env_lists_and_bools() -> None:
+    env = {"P2PINFER_BOOTSTRAP": "/a/p2p/x, /b/p2p/y", "P2PINFER_MDNS": "yes"}
+    settings, _ = resolve_settings({}, env=env)
+    assert settings.bootstrap == ["/a/p2p/x", "/b/p2p/y"] and settings.mdns is True
+
+
+def test_config_file_from_env_variable(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("http_port = 9001\n")
+    settings, _ = resolve_settings({}, env={"P2PINFER_CONFIG": str(cfg)})
+    assert settings.http_port == 9001
+
+
+@pytest.mark.parametrize(
+    ("content", "env", "match"),
+    [
+        ("http_prot = 1\n", {}, "unknown settings http_prot"),
+        ("http_port = [\n", {}, "not valid TOML"),
+        ("http_port = 'x'\n", {}, "http_port from config file"),
+        ("", {"P2PINFER_MDNS": "maybe"}, r"mdns from \$P2PINFER_MDNS"),
+    ],
+)
+def test_bad_settings_name_the_source(tmp_path: Path, content: str, env: dict[str, str], match: str) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(content)
+    with pytest.raises(SettingsError, match=match):
+        resolve_settings({}, env=env, config_path=str(cfg))
+
+
+def test_missing_config_file() -> None:
+    with pytest.raises(SettingsError, match="does not exist"):
+        resolve_settings({}, env={}, config_path="/nonexistent/p2pinfer.toml")
