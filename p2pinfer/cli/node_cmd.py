@@ -27,9 +27,9 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
     if settings.model:
         opts["model_path"] = str(Path(settings.model).expanduser())
     if settings.context is not None:
-        opts["n_ctx"] = settings.context
+        opts["context_size"] = settings.context
     if settings.threads is not None:
-        opts["n_threads"] = settings.threads
+        opts["threads"] = settings.threads
     if settings.gpu_layers is not None:
         opts["n_gpu_layers"] = settings.gpu_layers
     return opts
