@@ -74,8 +74,14 @@ class LocalSwarm:
         host: str = "127.0.0.1",
         env: dict[str, str] | None = None,
         wrap: Sequence[Sequence[str]] | None = None,
+        link_delay_ms: float | None = None,
     ) -> None:
-        """``wrap[i]`` prefixes node i's command (e.g. ``ip netns exec ns0``)."""
+        """``wrap[i]`` prefixes node i's command (e.g. ``ip netns exec ns0``).
+
+        ``link_delay_ms`` puts a :class:`~p2pinfer.delay_proxy.DelayRelays`
+        relay in front of every node's libp2p port: node-to-node traffic
+        then pays that one-way delay in each direction (HTTP does not).
+        """
         if n < 1:
             raise ValueError("a swarm needs at least one node")
         self.n = n
@@ -91,16 +97,23 @@ class LocalSwarm:
         self.env = env
         self.wrap = [list(w) for w in wrap] if wrap else [[] for _ in range(n)]
         self.nodes: list[LocalNode] = []
+        self.link_delay_ms = link_delay_ms
+        self._relays: Any = None
+        self._ports: list[tuple[int, int]] = []
 
     def _spawn(self, i: int, bootstrap: str | None) -> LocalNode:
         ready = self.workdir / f"node{i}.ready.json"
         ready.unlink(missing_ok=True)
         log_path = self.workdir / f"node{i}.log"
         listen_host = self.per_node_host(i)
+        if self._ports:
+            private, public = self._ports[i]
+            addr_args = ["--listen", f"/ip4/{listen_host}/tcp/{private}", "--announce", f"/ip4/{listen_host}/tcp/{public}"]
+        else:
+            addr_args = ["--listen", f"/ip4/{listen_host}/tcp/0"]
         cmd = [
             *self.wrap[i], sys.executable, "-m", "p2pinfer", "node",
-            "--engine", self.engine, "--policy", self.policy,
-            "--listen", f"/ip4/{listen_host}/tcp/0",
+            "--engine", self.engine, "--policy", self.policy, *addr_args,
             "--http-host", listen_host, "--http-port", "0",
             "--key-file", str(self.workdir / f"node{i}.key"),
             "--ready-file", str(ready), "--quiet", "--log-level", "WARNING",
@@ -118,6 +131,11 @@ class LocalSwarm:
     def per_node_host(self, i: int) -> str:
         return self.host if isinstance(self.host, str) else self.host[i]
 
+    def describe_network(self) -> dict[str, Any]:
+        if self.link_delay_ms is not None:
+            return {"kind": "loopback through delay relays (userspace)", "requested_one_way_delay_ms": self.link_delay_ms}
+        return {"kind": "loopback"}
+
     def _wait_ready(self, node: LocalNode) -> None:
         ready = Path(node.info["ready_file"])
         deadline = time.monotonic() + self.start_timeout_s
@@ -131,6 +149,13 @@ class LocalSwarm:
         raise SwarmError(f"node {node.index} not ready after {self.start_timeout_s:.0f} s:\n{node.log_tail()}")
 
     def start(self) -> LocalSwarm:
+        if self.link_delay_ms is not None:
+            from .delay_proxy import DelayRelays, free_port
+
+            host = self.per_node_host(0)
+            self._ports = [(free_port(host), free_port(host)) for _ in range(self.n)]
+            self._relays = DelayRelays([(pub, priv) for priv, pub in self._ports], self.link_delay_ms, host)
+            self._relays.__enter__()
         first = self._spawn(0, None)
         self.nodes = [first]
         self._wait_ready(first)
@@ -173,6 +198,9 @@ class LocalSwarm:
                 os.killpg(node.process.pid, signal.SIGKILL)
                 node.process.wait()
         self.nodes = []
+        if self._relays is not None:
+            self._relays.__exit__(None, None, None)
+            self._relays = None
 
     def __enter__(self) -> LocalSwarm:
         try:

