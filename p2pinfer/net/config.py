@@ -1,0 +1,122 @@
+"""Configuration of a live node.
+
+One frozen dataclass so that a node's behaviour is fully described by a
+value that can be printed, compared and passed to a subprocess as JSON.
+The routing and gossip schedule live in the core's
+:class:`~p2pinfer.core.router.RouterConfig` so that the simulator and the
+live node share them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from ..core.router import GossipConfig, RouterConfig, TrustConfig
+
+__all__ = ["NodeConfig", "ConfigError"]
+
+MAX_FRAME_BYTES = 1 << 20
+"""Default largest forwarding frame: 8,192 token ids take about 40 KB."""
+
+
+class ConfigError(ValueError):
+    """A node configuration that cannot work (says which field and why)."""
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    listen: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/4001",)
+    """Multiaddrs to listen on; ``/tcp/0`` picks a free port."""
+    announce: tuple[str, ...] = ()
+    """Addresses told to peers instead of the listen addresses (NAT, containers)."""
+    bootstrap: tuple[str, ...] = ()
+    """Multiaddrs with ``/p2p/<peer id>`` of nodes to join through."""
+    mdns: bool = False
+    """Also find peers on the local link by multicast DNS (LAN only)."""
+    identity_file: str | None = None
+    """Ed25519 key file (created 0600 when missing); ``None`` = new identity each start."""
+    engine: str = "simulated"
+    """Engine entry point name (see :mod:`p2pinfer.engines.registry`)."""
+    engine_options: Mapping[str, Any] = field(default_factory=dict)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    swarm_secret: bytes | None = None
+    """Keys the block hashes (digests reveal nothing without it)."""
+    private_network: bool = False
+    """Also derive a libp2p pre-shared key from ``swarm_secret`` (pnet): outsiders cannot connect."""
+    max_hops: int = 1
+    """Forwards a request may take; 1 means the target always serves it itself."""
+    max_frame_bytes: int = MAX_FRAME_BYTES
+    max_inflight_forwards: int = 64
+    """Forwarded requests this node serves at once before it answers BUSY."""
+    max_attempts: int = 3
+    """Peers an origin tries for one request before it serves locally."""
+    max_peers: int = 64
+    """Connections this node opens itself (inbound ones are not limited here)."""
+    request_timeout_s: float = 300.0
+    """Default deadline of a whole generation."""
+    stall_timeout_s: float = 60.0
+    """A forward that sends nothing for this long is given up (and retried elsewhere)."""
+    connect_timeout_s: float = 10.0
+    stream_idle_s: float = 30.0
+    """Idle forwarding streams are closed after this (the serving side waits twice as long)."""
+    rtt_interval_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.listen:
+            raise ConfigError("listen: at least one multiaddr is needed")
+        for addr in self.bootstrap:
+            if "/p2p/" not in addr:
+                raise ConfigError(f"bootstrap address {addr!r} lacks /p2p/<peer id>")
+        if self.private_network and not self.swarm_secret:
+            raise ConfigError("private_network needs swarm_secret")
+        if not 1 <= self.max_hops <= 4:
+            raise ConfigError("max_hops must be in 1..4")
+        if not 4096 <= self.max_frame_bytes <= 64 << 20:
+            raise ConfigError("max_frame_bytes must be in 4 KiB..64 MiB")
+        for name in ("max_inflight_forwards", "max_attempts", "max_peers"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1")
+        for name in ("request_timeout_s", "stall_timeout_s", "connect_timeout_s", "stream_idle_s", "rtt_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive")
+
+    @property
+    def gossip(self) -> GossipConfig:
+        return self.router.gossip
+
+    def replace(self, **changes: Any) -> NodeConfig:
+        return replace(self, **changes)
+
+    # -- JSON round trip (subprocess nodes, CLI config files) ----------------------
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["swarm_secret"] = None if self.swarm_secret is None else self.swarm_secret.hex()
+        out["engine_options"] = dict(self.engine_options)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"unknown node config keys: {', '.join(sorted(unknown))}")
+        kwargs: dict[str, Any] = dict(data)
+        for key in ("listen", "announce", "bootstrap"):
+            if key in kwargs:
+                kwargs[key] = tuple(kwargs[key])
+        if kwargs.get("swarm_secret") is not None:
+            secret = kwargs["swarm_secret"]
+            kwargs["swarm_secret"] = bytes.fromhex(secret) if isinstance(secret, str) else bytes(secret)
+        if "router" in kwargs and isinstance(kwargs["router"], Mapping):
+            r = dict(kwargs["router"])
+            if isinstance(r.get("gossip"), Mapping):
+                r["gossip"] = GossipConfig(**r["gossip"])
+            if isinstance(r.get("trust"), Mapping):
+                r["trust"] = TrustConfig(**r["trust"])
+            kwargs["router"] = RouterConfig(**r)
+        if "identity_file" in kwargs and isinstance(kwargs["identity_file"], Path):
+            kwargs["identity_file"] = str(kwargs["identity_file"])
+        return cls(**kwargs)

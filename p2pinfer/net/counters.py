@@ -1,0 +1,60 @@
+"""Plain counters of what a node did, for /status and Prometheus.
+
+Kept as integers in a dataclass rather than prometheus-client objects so
+that several nodes can live in one process (tests, benchmarks) without
+sharing a registry; the HTTP layer exports them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["NodeCounters"]
+
+
+@dataclass
+class NodeCounters:
+    requests: int = 0
+    """Requests that entered at this node."""
+    requests_failed: int = 0
+    served_local: int = 0
+    """Requests that entered here and were served here."""
+    served_remote: int = 0
+    """Requests that entered here and were served by a peer."""
+    forwards_served: int = 0
+    """Requests forwarded to this node that it completed."""
+    forwards_refused: Counter[str] = field(default_factory=Counter)
+    """Refusals this node sent, by error code."""
+    refusals_received: Counter[str] = field(default_factory=Counter)
+    """Refusals peers sent to this node, by error code."""
+    fallbacks: int = 0
+    """Requests that moved on to the next candidate (refusal or failure)."""
+    resumed: int = 0
+    """Attempts that continued a generation a dead target had started."""
+    forward_failures: int = 0
+    """Forwards lost to a transport failure (dead peer, reset stream, stall)."""
+    frames_rejected: int = 0
+    gossip_published: int = 0
+    gossip_published_bytes: int = 0
+    gossip_received: int = 0
+    gossip_received_bytes: int = 0
+    """Signed pubsub messages as they travel (data, topic, ids, signature)."""
+    gossip_rejected: Counter[str] = field(default_factory=Counter)
+    digests_not_gossiped: int = 0
+    """Own digests too big for one gossip message (peers pull them instead)."""
+    digests_applied: int = 0
+    digest_gaps: int = 0
+    pulls_done: int = 0
+    pulls_failed: int = 0
+    pulls_served: int = 0
+    peers_expired: int = 0
+    dials_ok: int = 0
+    dials_failed: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in self.__dict__.items():
+            out[key] = dict(value) if isinstance(value, Counter) else value
+        return out

@@ -1,0 +1,326 @@
+"""``/p2pinfer/generate/1.0.0``: hand a tokenised request to a peer.
+
+One stream carries requests one after another (request; chunks; one final
+``done`` or ``error``), so the origin keeps a small pool of open streams per
+peer and a forward costs one round trip instead of a stream negotiation
+(about 0.5 ms against 3 ms on loopback, measured). Idle streams are closed
+by the origin after ``stream_idle_s`` and by the target after twice that;
+every exit path closes or resets the stream on both sides.
+
+The target has the last word on load: over its queue threshold, or at
+``max_inflight_forwards``, it answers BUSY at once and the origin moves on.
+A target never forwards again (``max_hops`` bounds what it accepts), so a
+request cannot loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+import logging
+import time
+
+import trio
+
+from libp2p.abc import IHost, INetStream
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+
+from ..core.router import Router
+from ..engines.base import (
+    Engine,
+    EngineError,
+    EngineOverloadedError,
+    GenerationRecord,
+    InvalidRequestError,
+    PromptTooLongError,
+    TokenChunk,
+)
+from .config import NodeConfig
+from .counters import NodeCounters
+from .framing import FrameError, FrameReader, FrameTooLarge, StreamBroken, finish_stream, write_frame
+from .wire import (
+    RESPONSE_MAX_BYTES,
+    Done,
+    RemoteError,
+    WireError,
+    decode_request,
+    decode_response,
+    encode_chunk,
+    encode_done,
+    encode_error,
+)
+
+__all__ = ["GENERATE_PROTOCOL", "DeadlineExceeded", "ForwardClient", "ForwardFailed", "ForwardServer"]
+
+GENERATE_PROTOCOL = TProtocol("/p2pinfer/generate/1.0.0")
+log = logging.getLogger(__name__)
+
+
+class ForwardFailed(Exception):
+    """The forward was lost (dial failure, reset, dead peer, stall, garbage).
+
+    ``started`` says whether any response frame had arrived.
+    """
+
+    def __init__(self, message: str, *, started: bool = False) -> None:
+        super().__init__(message)
+        self.started = started
+
+
+class DeadlineExceeded(Exception):
+    """The request's deadline passed before it completed."""
+
+
+# -- serving side -------------------------------------------------------------------------
+
+
+class ForwardServer:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        router: Router,
+        config: NodeConfig,
+        counters: NodeCounters,
+        self_id: str,
+        is_busy: Callable[[], bool],
+    ) -> None:
+        self.engine = engine
+        self.router = router
+        self.config = config
+        self.counters = counters
+        self.self_id = self_id
+        self._is_busy = is_busy
+        self.inflight = 0
+
+    async def handle(self, stream: INetStream) -> None:
+        reader = FrameReader(stream)
+        ok = True
+        try:
+            while True:
+                data: bytes | None = None
+                with trio.move_on_after(self.config.stream_idle_s * 2):
+                    try:
+                        data = await reader.read_frame(self.config.max_frame_bytes)
+                    except FrameTooLarge as exc:
+                        # The body is still unread, so the stream cannot be
+                        # resynchronised: answer, then end it.
+                        self._refused("TOO_LARGE", rejected_frame=True)
+                        await _try_write(stream, encode_error("TOO_LARGE", str(exc)))
+                        return
+                if data is None:  # end of stream, or idle for too long
+                    return
+                if not await self._serve_one(stream, data):
+                    ok = False
+                    return
+        except FrameError as exc:
+            ok = False
+            self.counters.frames_rejected += 1
+            log.debug("generate stream from %s dropped: %s", _peer(stream), exc)
+        finally:
+            await finish_stream(stream, ok)
+
+    def _refused(self, code: str, *, rejected_frame: bool = False) -> None:
+        self.counters.forwards_refused[code] += 1
+        if rejected_frame:
+            self.counters.frames_rejected += 1
+
+    async def _serve_one(self, stream: INetStream, data: bytes) -> bool:
+        """Answer one request; False when the stream is no longer usable."""
+        try:
+            req = decode_request(
+                data,
+                fingerprint=self.router.fingerprint_hex,
+                max_hops=self.config.max_hops,
+                max_tokens=self.engine.context_size,
+            )
+            self.engine.validate_tokens(req.tokens, req.params)
+        except WireError as exc:
+            self._refused(exc.code, rejected_frame=exc.code == "BAD_REQUEST")
+            return await _try_write(stream, encode_error(exc.code, exc.message))
+        except PromptTooLongError as exc:
+            self._refused("TOO_LARGE")
+            return await _try_write(stream, encode_error("TOO_LARGE", str(exc)))
+        except InvalidRequestError as exc:
+            self._refused("BAD_REQUEST", rejected_frame=True)
+            return await _try_write(stream, encode_error("BAD_REQUEST", str(exc)))
+        if self._is_busy() or self.inflight >= self.config.max_inflight_forwards:
+            self._refused("BUSY")
+            load = self.engine.load()
+            msg = f"{load.queued_prefill_tokens} prefill tokens queued, {self.inflight} forwards in flight"
+            return await _try_write(stream, encode_error("BUSY", msg))
+        budget = req.deadline_ms / 1000 if req.deadline_ms else self.config.request_timeout_s
+        self.inflight += 1
+        try:
+            record: GenerationRecord | None = None
+            with trio.move_on_after(budget) as scope:
+                gen = self.engine.generate(req.tokens, req.params)
+                try:
+                    async for item in gen:
+                        if isinstance(item, TokenChunk):
+                            await write_frame(stream, encode_chunk(item))
+                        else:
+                            record = item
+                finally:
+                    await gen.aclose()
+            if scope.cancelled_caught or record is None:
+                self._refused("DEADLINE")
+                return await _try_write(stream, encode_error("DEADLINE", f"not done within {budget:.3f} s"))
+            await write_frame(stream, encode_done(record, self.self_id))
+            self.counters.forwards_served += 1
+            return True
+        except StreamBroken as exc:
+            log.debug("origin %s went away mid-answer: %s", req.origin, exc)
+            return False
+        except EngineOverloadedError as exc:
+            self._refused("BUSY")
+            return await _try_write(stream, encode_error("BUSY", str(exc)))
+        except EngineError as exc:
+            self._refused("INTERNAL")
+            log.warning("engine failed a forwarded request: %s", exc)
+            return await _try_write(stream, encode_error("INTERNAL", f"engine error: {exc}"))
+        finally:
+            self.inflight -= 1
+
+
+async def _try_write(stream: INetStream, payload: bytes) -> bool:
+    try:
+        await write_frame(stream, payload)
+        return True
+    except StreamBroken:
+        return False
+
+
+def _peer(stream: INetStream) -> str:
+    try:
+        return stream.muxed_conn.peer_id.to_base58()
+    except Exception:
+        return "?"
+
+
+# -- origin side ------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _PooledStream:
+    stream: INetStream
+    reader: FrameReader
+    idle_since: float
+
+
+class ForwardClient:
+    """Sends requests to peers over pooled streams."""
+
+    def __init__(self, *, host: IHost, config: NodeConfig, counters: NodeCounters) -> None:
+        self.host = host
+        self.config = config
+        self.counters = counters
+        self._idle: dict[str, list[_PooledStream]] = {}
+        self.streams_opened = 0
+
+    async def _open(self, peer_id: str, deadline: float) -> _PooledStream:
+        with trio.move_on_at(min(deadline, trio.current_time() + self.config.connect_timeout_s)):
+            try:
+                stream = await self.host.new_stream(ID.from_base58(peer_id), [GENERATE_PROTOCOL])
+            except Exception as exc:  # dial and negotiation errors come in many types
+                raise ForwardFailed(f"cannot open a stream to {peer_id}: {type(exc).__name__}: {exc}") from None
+            self.streams_opened += 1
+            return _PooledStream(stream, FrameReader(stream), 0.0)
+        raise ForwardFailed(f"no stream to {peer_id} within {self.config.connect_timeout_s:.1f} s")
+
+    def _release(self, peer_id: str, conn: _PooledStream) -> None:
+        conn.idle_since = time.monotonic()
+        self._idle.setdefault(peer_id, []).append(conn)
+
+    async def stream(
+        self, peer_id: str, request: bytes, *, deadline: float
+    ) -> AsyncIterator[TokenChunk | Done]:
+        """Yield the peer's chunks then its :class:`Done`.
+
+        ``deadline`` is on the trio clock. Raises :class:`RemoteError` for
+        an error record, :class:`ForwardFailed` when the forward was lost and
+        :class:`DeadlineExceeded`.
+        """
+        for attempt in range(2):
+            pooled = self._idle.get(peer_id) if attempt == 0 else None
+            reused = bool(pooled)
+            conn = pooled.pop() if pooled else await self._open(peer_id, deadline)
+            reusable = False
+            started = False
+            try:
+                try:
+                    await write_frame(conn.stream, request)
+                    data = await self._read(conn, peer_id, deadline, started)
+                except ForwardFailed:
+                    if reused:
+                        # The peer had closed its pooled streams (restart,
+                        # idle timeout): drop them all, try one fresh stream.
+                        await self.drop_peer(peer_id)
+                        continue
+                    raise
+                while True:
+                    started = True
+                    try:
+                        item = decode_response(data, peer_id)
+                    except WireError as exc:
+                        raise ForwardFailed(f"malformed answer from {peer_id}: {exc.message}", started=True) from None
+                    if isinstance(item, RemoteError):
+                        reusable = item.code != "TOO_LARGE"
+                        raise item
+                    if isinstance(item, Done):
+                        reusable = True
+                        yield item
+                        return
+                    yield item
+                    data = await self._read(conn, peer_id, deadline, started)
+            finally:
+                if reusable:
+                    self._release(peer_id, conn)
+                else:
+                    await finish_stream(conn.stream, False)
+        raise AssertionError("unreachable")
+
+    async def _read(self, conn: _PooledStream, peer_id: str, deadline: float, started: bool) -> bytes:
+        stall = trio.current_time() + self.config.stall_timeout_s
+        with trio.move_on_at(min(deadline, stall)):
+            try:
+                data = await conn.reader.read_frame(RESPONSE_MAX_BYTES)
+            except FrameError as exc:
+                raise ForwardFailed(f"stream to {peer_id} broke: {exc}", started=started) from None
+            if data is None:
+                raise ForwardFailed(f"{peer_id} closed the stream before finishing", started=started)
+            return data
+        if trio.current_time() >= deadline:
+            raise DeadlineExceeded(f"deadline passed waiting for {peer_id}")
+        raise ForwardFailed(f"{peer_id} sent nothing for {self.config.stall_timeout_s:.1f} s", started=started)
+
+    async def drop_peer(self, peer_id: str) -> None:
+        for conn in self._idle.pop(peer_id, []):
+            await finish_stream(conn.stream, True)
+
+    async def close_idle(self, older_than_s: float) -> None:
+        now = time.monotonic()
+        for peer_id in list(self._idle):
+            keep = []
+            for conn in self._idle.get(peer_id, []):
+                if now - conn.idle_since > older_than_s or conn.stream.is_closed:
+                    await finish_stream(conn.stream, True)
+                else:
+                    keep.append(conn)
+            if keep:
+                self._idle[peer_id] = keep
+            else:
+                self._idle.pop(peer_id, None)
+
+    def idle_streams(self) -> int:
+        return sum(len(v) for v in self._idle.values())
+
+    async def run_janitor(self) -> None:
+        while True:
+            await trio.sleep(self.config.stream_idle_s / 2)
+            await self.close_idle(self.config.stream_idle_s)
+
+    async def aclose(self) -> None:
+        for peer_id in list(self._idle):
+            await self.drop_peer(peer_id)

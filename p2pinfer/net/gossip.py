@@ -1,0 +1,230 @@
+"""Digest and load gossip over one gossipsub topic per model fingerprint.
+
+Anti-entropy in three layers, all driven by :class:`~p2pinfer.core.router.Router`:
+
+* deltas: cache changes are batched and published at most every
+  ``delta_interval_s`` (the first change after a quiet spell goes out at the
+  next 50 ms poll, so an idle swarm hears of it quickly);
+* full digests every ``full_interval_s`` (with jitter) heal lost deltas;
+* load reports every ``load_interval_s``, and at once when the busy flag
+  flips (the hotspot valve), double as liveness and membership: they carry
+  the addresses to dial and the digest version, so a peer that fell behind
+  pulls a full digest instead of waiting.
+
+The validator runs before gossipsub relays anything: malformed, oversized,
+other-model, spoofed (payload names another node than the signer) and
+over-rate messages are dropped and counted, never relayed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable
+import logging
+import random
+import time
+from typing import Any
+
+import trio
+
+from libp2p.peer.id import ID
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import Pubsub
+
+from ..core.digest import Digest
+from ..core.router import Router
+from ..engines.base import Engine
+from .counters import NodeCounters
+from .wire import GOSSIP_MAX_BYTES, GossipRejected, LoadInfo, decode_gossip, encode_gossip_digest, encode_gossip_load, load_to_pb
+
+__all__ = ["GossipService"]
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.05
+_MAX_MSGS_PER_ORIGIN_PER_S = 50
+_DECODED_CACHE = 1024
+
+
+class GossipService:
+    def __init__(
+        self,
+        *,
+        pubsub: Pubsub,
+        topic: str,
+        router: Router,
+        engine: Engine,
+        counters: NodeCounters,
+        self_id: str,
+        addrs: Callable[[], list[str]],
+        is_busy: Callable[[], bool],
+        on_heard: Callable[[str, tuple[str, ...]], None],
+        want_pull: Callable[[str, int, int], None],
+    ) -> None:
+        self.pubsub = pubsub
+        self.topic = topic
+        self.router = router
+        self.engine = engine
+        self.counters = counters
+        self.self_id = self_id
+        self._addrs = addrs
+        self._is_busy = is_busy
+        self._on_heard = on_heard
+        self._want_pull = want_pull
+        self._decoded: OrderedDict[bytes, Digest | LoadInfo] = OrderedDict()
+        self._rates: dict[str, deque[float]] = {}
+        self._last_delta = 0.0
+        self.busy = False
+        self.published_version = 0
+
+    # -- validation (runs inside gossipsub, before relaying) --------------------------
+    def validate(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
+        try:
+            sender = ID(msg.from_id).to_base58()
+        except Exception:
+            self.counters.gossip_rejected["malformed"] += 1
+            return False
+        if sender == self.self_id:
+            return True  # our own message (gossipsub already drops replays of it)
+        try:
+            if not self._within_rate(sender):
+                raise GossipRejected("rate")
+            decoded = decode_gossip(msg.data, sender=sender, fingerprint=self.router.fingerprint_hex)
+        except GossipRejected as exc:
+            self.counters.gossip_rejected[exc.reason] += 1
+            log.debug("gossip from %s rejected: %s", sender, exc)
+            return False
+        self._decoded[msg.from_id + msg.seqno] = decoded
+        while len(self._decoded) > _DECODED_CACHE:
+            self._decoded.popitem(last=False)
+        return True
+
+    def _within_rate(self, sender: str) -> bool:
+        now = time.monotonic()
+        window = self._rates.setdefault(sender, deque())
+        while window and now - window[0] > 1.0:
+            window.popleft()
+        if len(window) >= _MAX_MSGS_PER_ORIGIN_PER_S:
+            return False
+        window.append(now)
+        if len(self._rates) > 4096:  # forget idle origins
+            for key in [k for k, w in self._rates.items() if not w or now - w[-1] > 5.0]:
+                del self._rates[key]
+        return True
+
+    # -- running -------------------------------------------------------------------------
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self.pubsub.set_topic_validator(self.topic, self.validate, False)
+        subscription = await self.pubsub.subscribe(self.topic)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._receive_loop, subscription)
+            await self.publish_full()
+            await self.publish_load()
+            nursery.start_soon(self._delta_loop)
+            nursery.start_soon(self._full_loop)
+            nursery.start_soon(self._load_loop)
+            task_status.started()
+
+    async def _publish(self, payload: bytes) -> None:
+        try:
+            await self.pubsub.publish(self.topic, payload)
+        except Exception as exc:  # a publish must never take the node down
+            log.warning("gossip publish failed: %s", exc)
+
+    async def publish_digest(self, digest_bytes: bytes) -> None:
+        self.published_version = self.router.tracker.version
+        payload = encode_gossip_digest(digest_bytes)
+        if len(payload) > GOSSIP_MAX_BYTES:
+            # Too big for one gossipsub message: announce the version in a
+            # load report instead; peers that fall behind pull the digest.
+            self.counters.digests_not_gossiped += 1
+            await self.publish_load()
+            return
+        await self._publish(payload)
+
+    async def publish_full(self) -> None:
+        await self.publish_digest(self.router.full_digest())
+
+    async def flush_delta(self) -> None:
+        """Publish pending cache changes now (before a full digest is served)."""
+        delta = self.router.take_delta()
+        if delta is not None:
+            self._last_delta = time.monotonic()
+            await self.publish_digest(delta)
+
+    def load_report(self) -> Any:
+        tracker = self.router.tracker
+        return load_to_pb(
+            self.self_id,
+            self.router.fingerprint_hex,
+            self.engine.load(),
+            self.busy,
+            tracker.epoch,
+            self.published_version,
+            self._addrs(),
+        )
+
+    async def publish_load(self) -> None:
+        self.busy = self._is_busy()
+        await self._publish(encode_gossip_load(self.load_report()))
+
+    async def _delta_loop(self) -> None:
+        interval = self.router.config.gossip.delta_interval_s
+        while True:
+            await trio.sleep(min(_POLL_S, interval))
+            if self.router.tracker.pending and time.monotonic() - self._last_delta >= interval:
+                await self.flush_delta()
+
+    async def _full_loop(self) -> None:
+        interval = self.router.config.gossip.full_interval_s
+        while True:
+            await trio.sleep(interval * random.uniform(0.9, 1.1))
+            await self.publish_full()
+
+    async def _load_loop(self) -> None:
+        interval = self.router.config.gossip.load_interval_s
+        last = time.monotonic()
+        while True:
+            await trio.sleep(min(_POLL_S, interval))
+            if self._is_busy() != self.busy or time.monotonic() - last >= interval:
+                last = time.monotonic()
+                await self.publish_load()
+
+    async def _receive_loop(self, subscription: Any) -> None:
+        async for msg in subscription:
+            try:
+                self._receive(msg)
+            except Exception:  # one bad message must not stop the loop
+                log.exception("gossip message handling failed")
+
+    def _receive(self, msg: rpc_pb2.Message) -> None:
+        sender = ID(msg.from_id).to_base58()
+        size = msg.ByteSize()
+        if sender == self.self_id:
+            self.counters.gossip_published += 1
+            self.counters.gossip_published_bytes += size
+            return
+        self.counters.gossip_received += 1
+        self.counters.gossip_received_bytes += size
+        decoded = self._decoded.pop(msg.from_id + msg.seqno, None)
+        if decoded is None:  # evicted from the cache: validate again
+            try:
+                decoded = decode_gossip(msg.data, sender=sender, fingerprint=self.router.fingerprint_hex)
+            except GossipRejected as exc:
+                self.counters.gossip_rejected[exc.reason] += 1
+                return
+        now = time.monotonic()
+        if isinstance(decoded, Digest):
+            result = self.router.on_digest(decoded, now)
+            if result == "applied":
+                self.counters.digests_applied += 1
+            elif result == "gap":
+                self.counters.digest_gaps += 1
+                self._want_pull(sender, decoded.epoch, decoded.version)
+            self._on_heard(sender, ())
+        else:
+            self.router.on_load(sender, decoded.load, decoded.busy, now)
+            self._on_heard(sender, decoded.addrs)
+            state = self.router.view.get(sender)
+            if state is not None and (state.epoch != decoded.epoch or state.version < decoded.digest_version):
+                self._want_pull(sender, decoded.epoch, decoded.digest_version)

@@ -1,0 +1,119 @@
+"""Builds and runs the libp2p side of a node: host, pubsub, gossipsub.
+
+Choices made here, once: TCP transport, Noise as the *only* security
+protocol (py-libp2p also offers plaintext and secio by default, which a
+peer could otherwise negotiate), Yamux as the muxer, messages signed and
+checked (strict signing: a digest or load report always comes from the
+peer it names), and an optional pre-shared key (libp2p pnet) derived from
+the swarm secret so that outsiders cannot even complete a handshake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import blake3
+import multiaddr
+import trio
+
+from libp2p import create_yamux_muxer_option, new_host
+from libp2p.abc import IHost
+from libp2p.crypto.keys import KeyPair
+from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.rpc_queue import DefaultMaxMessageSize
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.tools.anyio_service import background_trio_service
+
+from .config import ConfigError, NodeConfig
+
+__all__ = ["Libp2pStack", "derive_psk", "digest_topic", "run_stack"]
+
+_PSK_CONTEXT = "p2pinfer 2026 libp2p pnet pre-shared key v1"
+
+
+def derive_psk(secret: bytes) -> str:
+    """The 32-byte libp2p pnet key (hex) for a swarm secret.
+
+    A different derivation context than the block-hash key, so neither key
+    reveals the other.
+    """
+    return blake3.blake3(secret, derive_key_context=_PSK_CONTEXT).hexdigest()
+
+
+def digest_topic(fingerprint_hex: str) -> str:
+    """One gossip topic per model fingerprint: other models never hear us."""
+    return f"/p2pinfer/digest/1/{fingerprint_hex}"
+
+
+def _multiaddrs(values: tuple[str, ...], what: str) -> list[multiaddr.Multiaddr]:
+    out = []
+    for value in values:
+        try:
+            out.append(multiaddr.Multiaddr(value))
+        except Exception as exc:
+            raise ConfigError(f"{what} address {value!r} is not a multiaddr: {exc}") from None
+    return out
+
+
+@dataclass
+class Libp2pStack:
+    host: IHost
+    pubsub: Pubsub
+    gossipsub: GossipSub
+    listen: list[multiaddr.Multiaddr]
+
+
+def build_stack(config: NodeConfig, key_pair: KeyPair, topic: str) -> Libp2pStack:
+    listen = _multiaddrs(config.listen, "listen")
+    announce = _multiaddrs(config.announce, "announce") or None
+    noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
+    host = new_host(
+        key_pair=key_pair,
+        sec_opt={NOISE_PROTOCOL_ID: noise},
+        muxer_opt=create_yamux_muxer_option(),
+        listen_addrs=listen,
+        announce_addrs=announce,
+        enable_mDNS=config.mdns,
+        psk=derive_psk(config.swarm_secret) if config.private_network and config.swarm_secret else None,
+    )
+    gossipsub = GossipSub(
+        protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID],
+        degree=6,
+        degree_low=4,
+        degree_high=12,
+        time_to_live=30,
+        heartbeat_initial_delay=0.1,
+        heartbeat_interval=1,
+        # Our own validator limits each origin's rate; gossipsub's limit is
+        # per *forwarder* and would drop a relay's traffic in a busy swarm.
+        max_messages_per_topic_per_second=1000.0,
+        # Every peer of a loopback or single-NAT swarm shares one IP.
+        eclipse_protection_enabled=False,
+    )
+    pubsub = Pubsub(
+        host,
+        gossipsub,
+        strict_signing=True,
+        max_inbound_rpc_size=DefaultMaxMessageSize,
+        allowed_topics={topic},
+    )
+    return Libp2pStack(host, pubsub, gossipsub, listen)
+
+
+@asynccontextmanager
+async def run_stack(stack: Libp2pStack) -> AsyncIterator[None]:
+    """Listen, start pubsub and gossipsub; stops all of them on exit."""
+    async with stack.host.run(listen_addrs=stack.listen):
+        async with background_trio_service(stack.pubsub), background_trio_service(stack.gossipsub):
+            await stack.pubsub.wait_until_ready()
+            try:
+                yield
+            finally:
+                with trio.CancelScope(shield=True):
+                    with trio.move_on_after(5):
+                        await stack.host.close()

@@ -1,0 +1,267 @@
+"""Who is in the swarm: dialing, discovery, liveness and round-trip times.
+
+Peers are learned from the bootstrap list (kept and re-dialled for ever),
+from load reports relayed by gossip (they carry the sender's addresses),
+from the peer lists of digest pulls, and optionally from mDNS. A peer is
+*in the view* while we hear from it; one that falls silent for
+``peer_ttl_s`` leaves the view and the forwarding pool, and comes back as
+soon as it is heard again. RTT comes from the standard libp2p ping
+protocol over one long-lived stream per peer, timed here with
+``perf_counter`` (libp2p's own helper rounds to whole milliseconds, which
+is 0 on a LAN).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+import logging
+import secrets
+import time
+from typing import Any
+
+import multiaddr
+import trio
+
+from libp2p.abc import IHost, INetStream
+from libp2p.host.ping import ID as PING_PROTOCOL
+from libp2p.io.utils import read_exactly
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+
+from ..core.router import Router
+from .config import NodeConfig
+from .counters import NodeCounters
+from .framing import finish_stream
+
+__all__ = ["Membership", "split_p2p_addr"]
+
+log = logging.getLogger(__name__)
+
+_TICK_S = 0.25
+_MAX_BACKOFF_S = 30.0
+_FORGET_AFTER_FAILURES = 6
+_PING_BYTES = 32
+_PEERSTORE_TTL_S = 600
+
+
+def split_p2p_addr(addr: str) -> tuple[str, str]:
+    """``/ip4/../tcp/../p2p/<id>`` -> (transport part, peer id); raises ValueError."""
+    ma = multiaddr.Multiaddr(addr)
+    peer = ma.value_for_protocol("p2p")
+    if not peer:
+        raise ValueError(f"{addr!r} has no /p2p/<peer id>")
+    ID.from_base58(peer)  # validates
+    transport = addr.split("/p2p/")[0]
+    return transport, peer
+
+
+@dataclass
+class _Entry:
+    peer_id: str
+    addrs: tuple[str, ...]
+    bootstrap: bool = False
+    failures: int = 0
+    next_dial: float = 0.0
+    dialing: bool = False
+
+
+class Membership:
+    def __init__(
+        self,
+        *,
+        host: IHost,
+        router: Router,
+        config: NodeConfig,
+        counters: NodeCounters,
+        self_id: str,
+        on_meet: Callable[[str], None],
+        on_gone: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self.host = host
+        self.router = router
+        self.config = config
+        self.counters = counters
+        self.self_id = self_id
+        self._on_meet = on_meet
+        self._on_gone = on_gone
+        self._book: dict[str, _Entry] = {}
+        self._connected: set[str] = set()
+        self._ping_streams: dict[str, INetStream] = {}
+        self._trio_token: trio.lowlevel.TrioToken | None = None
+        for addr in config.bootstrap:
+            transport, peer = split_p2p_addr(addr)
+            if peer != self_id:
+                entry = self._book.setdefault(peer, _Entry(peer, (), bootstrap=True))
+                entry.addrs = tuple(dict.fromkeys((*entry.addrs, transport)))
+                self._to_peerstore(peer, [transport])
+
+    # -- learning addresses --------------------------------------------------------------
+    def learn(self, peer_id: str, addrs: tuple[str, ...]) -> None:
+        """Remember where ``peer_id`` can be dialled (gossip, pulls, mDNS)."""
+        if peer_id == self.self_id:
+            return
+        clean = []
+        for addr in addrs:
+            transport = addr.split("/p2p/")[0]
+            if transport and len(clean) < 8:
+                clean.append(transport)
+        entry = self._book.get(peer_id)
+        if entry is None:
+            if not clean or len(self._book) >= 4 * self.config.max_peers:
+                return
+            entry = self._book[peer_id] = _Entry(peer_id, tuple(clean))
+        elif clean:
+            entry.addrs = tuple(dict.fromkeys((*clean, *entry.addrs)))[:8]
+        if entry.failures and peer_id in self.router.view:
+            entry.failures = 0  # heard again: dial it again soon
+            entry.next_dial = 0.0
+        if clean:
+            self._to_peerstore(peer_id, clean)
+
+    def _to_peerstore(self, peer_id: str, addrs: list[str]) -> None:
+        """So that a forward or pull can dial a peer the dial loop has not reached yet."""
+        try:
+            parsed = [multiaddr.Multiaddr(a) for a in addrs]
+            self.host.get_peerstore().add_addrs(ID.from_base58(peer_id), parsed, _PEERSTORE_TTL_S)
+        except Exception as exc:  # a bad address from gossip must not break anything
+            log.debug("addresses of %s not usable: %s", peer_id, exc)
+
+    def known_peers(self, limit: int) -> list[tuple[str, list[str]]]:
+        """Peers in the view with their addresses (for peer exchange)."""
+        out = []
+        for state in self.router.view:
+            entry = self._book.get(state.peer_id)
+            if entry is not None and entry.addrs:
+                out.append((state.peer_id, list(entry.addrs)))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def connected(self) -> set[str]:
+        return set(self._connected)
+
+    # -- running -------------------------------------------------------------------------------
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self._trio_token = trio.lowlevel.current_trio_token()
+        unregister = self._hook_mdns()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._dial_loop, nursery)
+                nursery.start_soon(self._watch_loop)
+                nursery.start_soon(self._expire_loop)
+                nursery.start_soon(self._rtt_loop)
+                task_status.started()
+        finally:
+            unregister()
+
+    async def aclose(self) -> None:
+        for peer_id in list(self._ping_streams):
+            await finish_stream(self._ping_streams.pop(peer_id), True)
+
+    def _hook_mdns(self) -> Callable[[], None]:
+        if not self.config.mdns:
+            return lambda: None
+        from libp2p.discovery.events.peerDiscovery import peerDiscovery
+
+        token = self._trio_token
+
+        def discovered(info: PeerInfo) -> None:
+            # zeroconf calls this from its own thread.
+            addrs = tuple(str(a) for a in info.addrs)
+            assert token is not None
+            try:
+                token.run_sync_soon(self.learn, info.peer_id.to_base58(), addrs)
+            except trio.RunFinishedError:
+                pass
+
+        peerDiscovery.register_peer_discovered_handler(discovered)
+        return lambda: peerDiscovery.unregister_peer_discovered_handler(discovered)
+
+    async def _dial_loop(self, nursery: trio.Nursery) -> None:
+        limiter = trio.CapacityLimiter(8)
+        while True:
+            now = time.monotonic()
+            live = {p.to_base58() for p in self.host.get_connected_peers()}
+            room = self.config.max_peers - len(live)
+            for entry in list(self._book.values()):
+                if room <= 0:
+                    break
+                if entry.peer_id in live or entry.dialing or now < entry.next_dial or not entry.addrs:
+                    continue
+                entry.dialing = True
+                room -= 1
+                nursery.start_soon(self._dial, entry, limiter)
+            await trio.sleep(_TICK_S)
+
+    async def _dial(self, entry: _Entry, limiter: trio.CapacityLimiter) -> None:
+        try:
+            async with limiter:
+                info = PeerInfo(ID.from_base58(entry.peer_id), [multiaddr.Multiaddr(a) for a in entry.addrs])
+                with trio.fail_after(self.config.connect_timeout_s):
+                    await self.host.connect(info)
+            entry.failures = 0
+            self.counters.dials_ok += 1
+        except Exception as exc:  # unreachable, refused, handshake failed, timed out
+            entry.failures += 1
+            self.counters.dials_failed += 1
+            entry.next_dial = time.monotonic() + min(_MAX_BACKOFF_S, 0.5 * 2**entry.failures)
+            log.debug("dial %s failed (%d): %s: %s", entry.peer_id, entry.failures, type(exc).__name__, exc)
+            if not entry.bootstrap and entry.failures >= _FORGET_AFTER_FAILURES and entry.peer_id not in self.router.view:
+                self._book.pop(entry.peer_id, None)
+        finally:
+            entry.dialing = False
+
+    async def _watch_loop(self) -> None:
+        """Notice new connections (ours or theirs): pull the newcomer's digest."""
+        while True:
+            live = {p.to_base58() for p in self.host.get_connected_peers()}
+            for peer_id in live - self._connected:
+                self._on_meet(peer_id)
+            for peer_id in self._connected - live:
+                stream = self._ping_streams.pop(peer_id, None)
+                if stream is not None:
+                    await finish_stream(stream, False)
+            self._connected = live
+            await trio.sleep(_TICK_S)
+
+    async def _expire_loop(self) -> None:
+        ttl = self.router.config.gossip.peer_ttl_s
+        while True:
+            await trio.sleep(min(0.5, ttl / 4))
+            for peer_id in self.router.view.expire(time.monotonic(), ttl):
+                self.counters.peers_expired += 1
+                log.info("peer %s left the view (silent for %.1f s)", peer_id, ttl)
+                stream = self._ping_streams.pop(peer_id, None)
+                if stream is not None:
+                    await finish_stream(stream, False)
+                await self._on_gone(peer_id)
+
+    async def _rtt_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.rtt_interval_s)
+            targets = [p.peer_id for p in self.router.view if p.peer_id in self._connected]
+            async with trio.open_nursery() as nursery:
+                for peer_id in targets:
+                    nursery.start_soon(self._ping, peer_id)
+
+    async def _ping(self, peer_id: str) -> None:
+        stream = self._ping_streams.get(peer_id)
+        try:
+            with trio.fail_after(min(5.0, self.config.connect_timeout_s)):
+                if stream is None:
+                    stream = await self.host.new_stream(ID.from_base58(peer_id), [PING_PROTOCOL])
+                    self._ping_streams[peer_id] = stream
+                payload = secrets.token_bytes(_PING_BYTES)
+                t0 = time.perf_counter()
+                await stream.write(payload)
+                echo = await read_exactly(stream, _PING_BYTES)
+                rtt_ms = (time.perf_counter() - t0) * 1000
+            if echo != payload:
+                raise ValueError("ping echo differs")
+            if peer_id in self.router.view:
+                self.router.view.set_rtt(peer_id, rtt_ms, time.monotonic())
+        except Exception as exc:
+            log.debug("ping %s failed: %s: %s", peer_id, type(exc).__name__, exc)
+            if self._ping_streams.pop(peer_id, None) is not None and stream is not None:
+                await finish_stream(stream, False)

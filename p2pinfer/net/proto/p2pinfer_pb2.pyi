@@ -1,0 +1,181 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_UNSPECIFIED: _ClassVar[ErrorCode]
+    BUSY: _ClassVar[ErrorCode]
+    MODEL_MISMATCH: _ClassVar[ErrorCode]
+    TOO_LARGE: _ClassVar[ErrorCode]
+    DEADLINE: _ClassVar[ErrorCode]
+    INTERNAL: _ClassVar[ErrorCode]
+    BAD_REQUEST: _ClassVar[ErrorCode]
+    HOP_LIMIT: _ClassVar[ErrorCode]
+ERROR_UNSPECIFIED: ErrorCode
+BUSY: ErrorCode
+MODEL_MISMATCH: ErrorCode
+TOO_LARGE: ErrorCode
+DEADLINE: ErrorCode
+INTERNAL: ErrorCode
+BAD_REQUEST: ErrorCode
+HOP_LIMIT: ErrorCode
+
+class GenerationParams(_message.Message):
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "has_seed", "seed", "stop")
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    HAS_SEED_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    has_seed: bool
+    seed: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("version", "request_id", "token_ids", "params", "hops", "deadline_ms", "model_fingerprint", "predicted_match_tokens", "origin", "resumed_tokens")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    HOPS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_MATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    request_id: bytes
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    params: GenerationParams
+    hops: int
+    deadline_ms: int
+    model_fingerprint: str
+    predicted_match_tokens: int
+    origin: str
+    resumed_tokens: int
+    def __init__(self, version: _Optional[int] = ..., request_id: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[GenerationParams, _Mapping]] = ..., hops: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., predicted_match_tokens: _Optional[int] = ..., origin: _Optional[str] = ..., resumed_tokens: _Optional[int] = ...) -> None: ...
+
+class TokenChunk(_message.Message):
+    __slots__ = ("token_ids", "text")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ...) -> None: ...
+
+class GenerateDone(_message.Message):
+    __slots__ = ("prompt_tokens", "reused_tokens", "generated_tokens", "ttft_s", "total_s", "finish_reason", "queue_s", "served_by")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_S_FIELD_NUMBER: _ClassVar[int]
+    SERVED_BY_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    reused_tokens: int
+    generated_tokens: int
+    ttft_s: float
+    total_s: float
+    finish_reason: str
+    queue_s: float
+    served_by: str
+    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., finish_reason: _Optional[str] = ..., queue_s: _Optional[float] = ..., served_by: _Optional[str] = ...) -> None: ...
+
+class Error(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: ErrorCode
+    message: str
+    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("version", "chunk", "done", "error")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    chunk: TokenChunk
+    done: GenerateDone
+    error: Error
+    def __init__(self, version: _Optional[int] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., done: _Optional[_Union[GenerateDone, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+
+class PeerRecord(_message.Message):
+    __slots__ = ("peer_id", "addrs")
+    PEER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRS_FIELD_NUMBER: _ClassVar[int]
+    peer_id: str
+    addrs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, peer_id: _Optional[str] = ..., addrs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DigestPullRequest(_message.Message):
+    __slots__ = ("version", "model_fingerprint", "max_peers")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MAX_PEERS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    model_fingerprint: str
+    max_peers: int
+    def __init__(self, version: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., max_peers: _Optional[int] = ...) -> None: ...
+
+class DigestPullResponse(_message.Message):
+    __slots__ = ("version", "digest", "load", "peers", "error")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    digest: bytes
+    load: LoadReport
+    peers: _containers.RepeatedCompositeFieldContainer[PeerRecord]
+    error: Error
+    def __init__(self, version: _Optional[int] = ..., digest: _Optional[bytes] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., peers: _Optional[_Iterable[_Union[PeerRecord, _Mapping]]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+
+class LoadReport(_message.Message):
+    __slots__ = ("node_id", "model_fingerprint", "queued_prefill_tokens", "prefill_ms_per_token", "active_requests", "busy", "epoch", "digest_version", "addrs")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_MS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ADDRS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    model_fingerprint: str
+    queued_prefill_tokens: int
+    prefill_ms_per_token: float
+    active_requests: int
+    busy: bool
+    epoch: int
+    digest_version: int
+    addrs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., queued_prefill_tokens: _Optional[int] = ..., prefill_ms_per_token: _Optional[float] = ..., active_requests: _Optional[int] = ..., busy: _Optional[bool] = ..., epoch: _Optional[int] = ..., digest_version: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GossipMessage(_message.Message):
+    __slots__ = ("version", "digest", "load")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    digest: bytes
+    load: LoadReport
+    def __init__(self, version: _Optional[int] = ..., digest: _Optional[bytes] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,237 @@
+"""A node in its own process, driven by JSON lines on stdin/stdout.
+
+Used by the multi-process tests and ``p2pinfer bench overlay``: the first
+stdin line is the :class:`~p2pinfer.net.config.NodeConfig` as JSON; the node
+answers ``{"event": "ready", ...}`` once it listens. Then each line
+``{"id": n, "cmd": ..., ...}`` gets one reply line ``{"id": n, "ok": ...}``
+(commands run concurrently; ``generate`` with ``"stream": true`` also sends
+``{"id": n, "event": "chunk"}`` lines). Closing stdin or ``shutdown`` stops
+the node cleanly and the process exits 0.
+
+The debugging commands (``send_raw``, ``publish_raw``) exist to prove that
+malformed input from a peer is rejected: they let one real node misbehave
+on the wire towards the others.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+import trio
+
+from ..engines.base import GenerationParams, TokenChunk
+from ..node import GenerateResult, Node, RequestFailed
+from .config import NodeConfig
+
+log = logging.getLogger("p2pinfer.testing_node")
+
+
+class Controller:
+    def __init__(self, node: Node, out: trio.abc.SendStream) -> None:
+        self.node = node
+        self._out = out
+        self._lock = trio.Lock()
+        self.stop = trio.Event()
+
+    async def send(self, obj: dict[str, Any]) -> None:
+        data = (json.dumps(obj, default=str) + "\n").encode()
+        async with self._lock:
+            await self._out.send_all(data)
+
+    async def handle(self, line: str) -> None:
+        msg_id = None
+        try:
+            msg = json.loads(line)
+            msg_id = msg.get("id")
+            handler = getattr(self, "cmd_" + str(msg.get("cmd")), None)
+            if handler is None:
+                raise ValueError(f"unknown command {msg.get('cmd')!r}")
+            result = await handler(msg_id, **{k: v for k, v in msg.items() if k not in ("id", "cmd")})
+            await self.send({"id": msg_id, "ok": True, "result": result})
+        except Exception as exc:
+            await self.send({"id": msg_id, "ok": False, "error": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__})
+
+    # -- commands ----------------------------------------------------------------------------
+    async def cmd_info(self, _id: Any) -> dict[str, Any]:
+        return {"peer_id": self.node.peer_id, "addrs": self.node.addrs, "pid": os.getpid()}
+
+    async def cmd_status(self, _id: Any) -> dict[str, Any]:
+        return self.node.status()
+
+    async def cmd_shutdown(self, _id: Any) -> None:
+        self.stop.set()
+
+    async def cmd_generate(
+        self,
+        msg_id: Any,
+        tokens: list[int] | None = None,
+        prompt: str | None = None,
+        prefer: str | None = None,
+        stream: bool = False,
+        deadline_s: float | None = None,
+        **params: Any,
+    ) -> dict[str, Any]:
+        source: Any = tokens if tokens is not None else prompt
+        if "stop" in params:
+            params["stop"] = tuple(params["stop"])
+        t0 = time.perf_counter()
+        try:
+            async for item in self.node.generate(source, GenerationParams(**params), prefer=prefer, timeout_s=deadline_s):
+                if isinstance(item, TokenChunk):
+                    if stream:
+                        await self.send({"id": msg_id, "event": "chunk", "tokens": list(item.token_ids)})
+                elif isinstance(item, GenerateResult):
+                    out = item.as_dict()
+                    out["call_s"] = time.perf_counter() - t0
+                    out["done_at"] = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes
+                    return out
+        except RequestFailed as exc:
+            raise RuntimeError(f"{exc} attempts={[a.as_dict() for a in exc.attempts]}") from None
+        raise RuntimeError("no result")
+
+    async def cmd_cache_hashes(self, _id: Any) -> list[int]:
+        """Block hashes of what this node's engine really caches (not of its digest)."""
+        hasher = self.node.router.hasher
+        out: set[int] = set()
+        for seq in self.node.engine.cache.sequences():
+            out.update(hasher.hashes(seq))
+        return sorted(out)
+
+    async def cmd_view_hashes(self, _id: Any, peer: str) -> list[int] | None:
+        state = self.node.router.view.get(peer)
+        return None if state is None else sorted(state.hashes)
+
+    async def cmd_view(self, _id: Any) -> dict[str, Any]:
+        now = time.monotonic()
+        view = self.node.router.view
+        return {
+            p.peer_id: {"eligible": view.eligible(p, now), "busy": p.is_busy(now), "blocks": len(p.hashes), "rtt_ms": p.rtt_ms}
+            for p in view
+        }
+
+    async def cmd_wait_hash(self, _id: Any, peer: str, hash: int, timeout_s: float = 10.0) -> float:
+        """Poll (1 ms) until our view of ``peer`` holds ``hash``; returns time.monotonic()."""
+        with trio.fail_after(timeout_s):
+            while True:
+                state = self.node.router.view.get(peer)
+                if state is not None and hash in state.hashes:
+                    return time.monotonic()
+                await trio.sleep(0.001)
+
+    async def cmd_send_raw(
+        self, _id: Any, peer: str, data_hex: str, protocol: str = "/p2pinfer/generate/1.0.0", close: bool = True, timeout_s: float = 10.0
+    ) -> dict[str, Any]:
+        """Write raw bytes on a new stream to ``peer``; return the frames that came back."""
+        from libp2p.custom_types import TProtocol
+        from libp2p.peer.id import ID
+
+        from .framing import FrameError, FrameReader, finish_stream
+        from .proto import p2pinfer_pb2 as pb
+        from .wire import ERROR_CODES
+
+        stream = await self.node.host.new_stream(ID.from_base58(peer), [TProtocol(protocol)])
+        frames: list[dict[str, Any]] = []
+        ended = "timeout"
+        try:
+            await stream.write(bytes.fromhex(data_hex))
+            if close:
+                await stream.close_write()
+            reader = FrameReader(stream)
+            with trio.move_on_after(timeout_s):
+                while True:
+                    try:
+                        frame = await reader.read_frame(1 << 20)
+                    except FrameError as exc:
+                        ended = f"broken: {exc}"
+                        break
+                    if frame is None:
+                        ended = "eof"
+                        break
+                    resp = pb.GenerateResponse()
+                    resp.ParseFromString(frame)
+                    kind = resp.WhichOneof("body")
+                    if kind == "error":
+                        frames.append({"error": ERROR_CODES[resp.error.code], "message": resp.error.message})
+                    else:
+                        frames.append({"kind": kind})
+        finally:
+            await finish_stream(stream, False)
+        return {"frames": frames, "ended": ended}
+
+    async def cmd_publish_raw(self, _id: Any, data_hex: str) -> None:
+        await self.node._libp2p.pubsub.publish(self.node.topic, bytes.fromhex(data_hex))
+
+    async def cmd_encode_request(self, _id: Any, **fields: Any) -> str:
+        """A GenerateRequest frame for ``send_raw`` (any field may be set, even wrongly)."""
+        from .framing import encode_frame
+        from .proto import p2pinfer_pb2 as pb
+        from .wire import params_to_pb
+
+        params = fields.pop("params", {})
+        params.setdefault("max_tokens", 4)
+        fields.setdefault("version", 1)
+        fields.setdefault("request_id", b"r" * 16)
+        fields.setdefault("hops", 1)
+        fields.setdefault("model_fingerprint", self.node.router.fingerprint_hex)
+        if isinstance(fields["request_id"], str):
+            fields["request_id"] = fields["request_id"].encode()
+        msg = pb.GenerateRequest(params=params_to_pb(GenerationParams(**params)), **fields)
+        return encode_frame(msg.SerializeToString()).hex()
+
+
+async def _serve(config: NodeConfig) -> None:
+    stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+    stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
+    async with Node(config) as node:
+        ctl = Controller(node, stdout)
+        await ctl.send({"event": "ready", "peer_id": node.peer_id, "addrs": node.addrs, "pid": os.getpid()})
+        async with trio.open_nursery() as nursery:
+
+            async def read_commands() -> None:
+                buf = b""
+                while True:
+                    data = await stdin.receive_some(65536)
+                    if not data:
+                        ctl.stop.set()
+                        return
+                    buf += data
+                    while b"\n" in buf:
+                        line, buf = buf.split(b"\n", 1)
+                        if line.strip():
+                            nursery.start_soon(ctl.handle, line.decode())
+
+            nursery.start_soon(read_commands)
+            await ctl.stop.wait()
+            nursery.cancel_scope.cancel()
+    await stdout.send_all(b'{"event": "stopped"}\n')
+
+
+def _first_line() -> bytes:
+    # Byte by byte from the fd: a buffered reader could swallow the commands
+    # that follow, which the trio stream reads later.
+    out = bytearray()
+    while not out.endswith(b"\n"):
+        byte = os.read(sys.stdin.fileno(), 1)
+        if not byte:
+            break
+        out += byte
+    return bytes(out)
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=os.environ.get("P2PINFER_LOG", "WARNING"),
+        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    config = NodeConfig.from_dict(json.loads(_first_line()))
+    trio.run(_serve, config)
+
+
+if __name__ == "__main__":
+    main()

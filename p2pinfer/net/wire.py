@@ -1,0 +1,424 @@
+"""Encoding and strict decoding of every message in protos/p2pinfer.proto.
+
+The rest of the node works with Python values (``GenerationParams``,
+``TokenChunk``, :class:`~p2pinfer.core.peers.Load`...); this module is the
+only place that sees protobuf objects, so each limit and each check is
+written once. Decoders raise :class:`WireError` carrying the error code to
+answer with, and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+import math
+
+from google.protobuf.message import DecodeError
+
+from ..core.digest import MAX_DIGEST_BYTES, Digest, DigestError, decode_digest
+from ..core.peers import Load
+from ..engines.base import GenerationParams, GenerationRecord, InvalidRequestError, TokenChunk
+from .proto import p2pinfer_pb2 as pb
+
+__all__ = [
+    "ERROR_CODES",
+    "GOSSIP_MAX_BYTES",
+    "PULL_REQUEST_MAX_BYTES",
+    "WIRE_VERSION",
+    "Done",
+    "GossipRejected",
+    "LoadInfo",
+    "RemoteError",
+    "WireError",
+]
+
+WIRE_VERSION = 1
+GOSSIP_MAX_BYTES = 1024 * 1024 - 16 * 1024
+"""Gossipsub carries at most 1 MiB per RPC (as go-libp2p-pubsub); the rest is
+signature, ids and topic. A digest over this size (more than ~129k blocks,
+about 2 M cached tokens) is not gossiped: peers learn its version from load
+reports and pull it over a stream (``PULL_RESPONSE_MAX_BYTES``)."""
+PULL_REQUEST_MAX_BYTES = 4096
+PULL_RESPONSE_MAX_BYTES = MAX_DIGEST_BYTES + 256 * 1024
+MAX_ADDRS = 16
+MAX_ADDR_LEN = 256
+MAX_PEER_RECORDS = 256
+RESPONSE_MAX_BYTES = 256 * 1024
+"""A chunk or a final record is small; anything larger is an attack."""
+
+ERROR_CODES: dict[int, str] = {
+    value.number: value.name for value in pb.DESCRIPTOR.enum_types_by_name["ErrorCode"].values
+}
+
+
+class WireError(Exception):
+    """A message we received is invalid; ``code`` is the answer to give."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class RemoteError(Exception):
+    """The peer answered a request with an error record."""
+
+    def __init__(self, code: str, message: str, peer: str = "") -> None:
+        super().__init__(f"{code} from {peer or 'peer'}: {message}")
+        self.code = code
+        self.message = message
+        self.peer = peer
+
+
+class GossipRejected(Exception):
+    """A gossip message failed validation; ``reason`` is a short metric label."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+# -- generation parameters ---------------------------------------------------------
+
+
+def params_to_pb(params: GenerationParams) -> pb.GenerationParams:
+    return pb.GenerationParams(
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        has_seed=params.seed is not None,
+        seed=params.seed or 0,
+        stop=list(params.stop),
+    )
+
+
+def params_from_pb(msg: pb.GenerationParams) -> GenerationParams:
+    """Raises :class:`InvalidRequestError` for impossible values."""
+    for name in ("temperature", "top_p"):
+        if not math.isfinite(getattr(msg, name)):
+            raise InvalidRequestError(f"{name} must be a finite number")
+    params = GenerationParams(
+        max_tokens=msg.max_tokens,
+        # float32 on the wire: round so 0.7 stays 0.7 after the trip.
+        temperature=round(msg.temperature, 6),
+        top_p=round(msg.top_p, 6),
+        top_k=msg.top_k,
+        seed=msg.seed if msg.has_seed else None,
+        stop=tuple(msg.stop),
+    )
+    params.validate()
+    return params
+
+
+# -- /p2pinfer/generate/1.0.0 ----------------------------------------------------------
+
+
+def encode_request(
+    *,
+    request_id: bytes,
+    tokens: Sequence[int],
+    params: GenerationParams,
+    hops: int,
+    deadline_ms: int,
+    fingerprint: str,
+    predicted_match_tokens: int,
+    origin: str,
+    resumed_tokens: int = 0,
+) -> bytes:
+    return pb.GenerateRequest(
+        version=WIRE_VERSION,
+        request_id=request_id,
+        token_ids=list(tokens),
+        params=params_to_pb(params),
+        hops=hops,
+        deadline_ms=max(0, min(deadline_ms, 2**32 - 1)),
+        model_fingerprint=fingerprint,
+        predicted_match_tokens=max(0, predicted_match_tokens),
+        origin=origin,
+        resumed_tokens=resumed_tokens,
+    ).SerializeToString()
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    request_id: bytes
+    tokens: list[int]
+    params: GenerationParams
+    hops: int
+    deadline_ms: int
+    fingerprint: str
+    predicted_match_tokens: int
+    origin: str
+    resumed_tokens: int
+
+
+def decode_request(data: bytes, *, fingerprint: str, max_hops: int, max_tokens: int) -> Request:
+    """Parse and check a request; raises :class:`WireError` with the code to answer."""
+    msg = pb.GenerateRequest()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise WireError("BAD_REQUEST", f"not a GenerateRequest: {exc}") from None
+    if msg.version != WIRE_VERSION:
+        raise WireError("BAD_REQUEST", f"request version {msg.version}; this node speaks {WIRE_VERSION}")
+    if msg.model_fingerprint != fingerprint:
+        raise WireError(
+            "MODEL_MISMATCH", f"this node serves model fingerprint {fingerprint}, not {msg.model_fingerprint!r}"
+        )
+    if not 1 <= msg.hops <= max_hops:
+        raise WireError("HOP_LIMIT", f"request has taken {msg.hops} hops; at most {max_hops} allowed")
+    if not 1 <= len(msg.request_id) <= 64:
+        raise WireError("BAD_REQUEST", "request_id must be 1..64 bytes")
+    if len(msg.token_ids) > max_tokens:
+        raise WireError("TOO_LARGE", f"{len(msg.token_ids)} prompt tokens; this node takes at most {max_tokens}")
+    if msg.resumed_tokens > len(msg.token_ids):
+        raise WireError("BAD_REQUEST", "resumed_tokens exceeds the prompt")
+    if not msg.HasField("params"):
+        raise WireError("BAD_REQUEST", "generation parameters are missing")
+    try:
+        params = params_from_pb(msg.params)
+    except InvalidRequestError as exc:
+        raise WireError("BAD_REQUEST", str(exc)) from None
+    return Request(
+        request_id=msg.request_id,
+        tokens=list(msg.token_ids),
+        params=params,
+        hops=msg.hops,
+        deadline_ms=msg.deadline_ms,
+        fingerprint=msg.model_fingerprint,
+        predicted_match_tokens=msg.predicted_match_tokens,
+        origin=msg.origin[:128],
+        resumed_tokens=msg.resumed_tokens,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The final record of a forwarded generation, as the target reported it."""
+
+    record: GenerationRecord
+    served_by: str
+
+
+def encode_chunk(chunk: TokenChunk) -> bytes:
+    return pb.GenerateResponse(
+        version=WIRE_VERSION, chunk=pb.TokenChunk(token_ids=list(chunk.token_ids), text=chunk.text)
+    ).SerializeToString()
+
+
+def encode_done(record: GenerationRecord, served_by: str) -> bytes:
+    return pb.GenerateResponse(
+        version=WIRE_VERSION,
+        done=pb.GenerateDone(
+            prompt_tokens=record.prompt_tokens,
+            reused_tokens=record.reused_tokens,
+            generated_tokens=record.generated_tokens,
+            ttft_s=record.ttft_s,
+            total_s=record.total_s,
+            finish_reason=record.finish_reason,
+            queue_s=record.queue_s,
+            served_by=served_by,
+        ),
+    ).SerializeToString()
+
+
+def encode_error(code: str, message: str) -> bytes:
+    return pb.GenerateResponse(
+        version=WIRE_VERSION, error=pb.Error(code=pb.ErrorCode.Value(code), message=message[:1024])
+    ).SerializeToString()
+
+
+_FINISH = {"stop", "length", "cancelled", "error"}
+
+
+def decode_response(data: bytes, peer: str = "") -> TokenChunk | Done | RemoteError:
+    """Parse one response frame; raises :class:`WireError` when it is malformed."""
+    msg = pb.GenerateResponse()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise WireError("BAD_REQUEST", f"not a GenerateResponse: {exc}") from None
+    if msg.version != WIRE_VERSION:
+        raise WireError("BAD_REQUEST", f"response version {msg.version}; this node speaks {WIRE_VERSION}")
+    kind = msg.WhichOneof("body")
+    if kind == "chunk":
+        return TokenChunk(tuple(msg.chunk.token_ids), msg.chunk.text)
+    if kind == "done":
+        d = msg.done
+        if d.finish_reason not in _FINISH:
+            raise WireError("BAD_REQUEST", f"unknown finish reason {d.finish_reason!r}")
+        times = (d.ttft_s, d.total_s, d.queue_s)
+        if not all(math.isfinite(t) and t >= 0 for t in times):
+            raise WireError("BAD_REQUEST", "timings must be finite and non-negative")
+        if d.reused_tokens > d.prompt_tokens:
+            raise WireError("BAD_REQUEST", "reused_tokens exceeds prompt_tokens")
+        record = GenerationRecord(
+            prompt_tokens=d.prompt_tokens,
+            reused_tokens=d.reused_tokens,
+            generated_tokens=d.generated_tokens,
+            ttft_s=d.ttft_s,
+            total_s=d.total_s,
+            finish_reason=d.finish_reason,  # type: ignore[arg-type]
+            queue_s=d.queue_s,
+        )
+        return Done(record, d.served_by[:128])
+    if kind == "error":
+        code = ERROR_CODES.get(msg.error.code, "INTERNAL")
+        return RemoteError(code, msg.error.message[:1024], peer)
+    raise WireError("BAD_REQUEST", "empty response")
+
+
+# -- gossip and digest pull ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LoadInfo:
+    """A peer's load report, checked."""
+
+    node_id: str
+    load: Load
+    busy: bool
+    epoch: int
+    digest_version: int
+    addrs: tuple[str, ...]
+
+
+def load_to_pb(node_id: str, fingerprint: str, load: Load, busy: bool, epoch: int, version: int, addrs: Sequence[str]) -> pb.LoadReport:
+    return pb.LoadReport(
+        node_id=node_id,
+        model_fingerprint=fingerprint,
+        queued_prefill_tokens=min(max(0, load.queued_prefill_tokens), 2**32 - 1),
+        prefill_ms_per_token=load.prefill_ms_per_token,
+        active_requests=min(max(0, load.active_requests), 2**32 - 1),
+        busy=busy,
+        epoch=epoch,
+        digest_version=version,
+        addrs=list(addrs)[:MAX_ADDRS],
+    )
+
+
+def load_from_pb(msg: pb.LoadReport, *, sender: str, fingerprint: str) -> LoadInfo:
+    if msg.node_id != sender:
+        raise GossipRejected("spoofed", f"load report for {msg.node_id!r} signed by {sender}")
+    if msg.model_fingerprint != fingerprint:
+        raise GossipRejected("other-model", f"fingerprint {msg.model_fingerprint!r}")
+    ms = msg.prefill_ms_per_token
+    if not (math.isfinite(ms) and 0.0 <= ms <= 1e5):
+        raise GossipRejected("malformed", "prefill_ms_per_token out of range")
+    if len(msg.addrs) > MAX_ADDRS or any(len(a) > MAX_ADDR_LEN or not a.startswith("/") for a in msg.addrs):
+        raise GossipRejected("malformed", "bad address list")
+    if msg.epoch >= 1 << 63 or msg.digest_version >= 1 << 63:
+        raise GossipRejected("malformed", "epoch or version out of range")
+    return LoadInfo(
+        node_id=sender,
+        load=Load(msg.queued_prefill_tokens, ms, msg.active_requests),
+        busy=msg.busy,
+        epoch=msg.epoch,
+        digest_version=msg.digest_version,
+        addrs=tuple(msg.addrs),
+    )
+
+
+def encode_gossip_digest(digest_bytes: bytes) -> bytes:
+    return pb.GossipMessage(version=WIRE_VERSION, digest=digest_bytes).SerializeToString()
+
+
+def encode_gossip_load(report: pb.LoadReport) -> bytes:
+    return pb.GossipMessage(version=WIRE_VERSION, load=report).SerializeToString()
+
+
+def decode_gossip(data: bytes, *, sender: str, fingerprint: str) -> Digest | LoadInfo:
+    """Validate one gossip payload from ``sender`` (the libp2p-signed origin)."""
+    if len(data) > GOSSIP_MAX_BYTES:
+        raise GossipRejected("oversized", f"{len(data)} bytes")
+    msg = pb.GossipMessage()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise GossipRejected("malformed", str(exc)) from None
+    if msg.version != WIRE_VERSION:
+        raise GossipRejected("version", f"gossip version {msg.version}")
+    kind = msg.WhichOneof("body")
+    if kind == "digest":
+        try:
+            digest = decode_digest(msg.digest)
+        except DigestError as exc:
+            raise GossipRejected("malformed", str(exc)) from None
+        if digest.node_id != sender:
+            raise GossipRejected("spoofed", f"digest of {digest.node_id!r} signed by {sender}")
+        if digest.fingerprint != fingerprint:
+            raise GossipRejected("other-model", f"fingerprint {digest.fingerprint!r}")
+        return digest
+    if kind == "load":
+        return load_from_pb(msg.load, sender=sender, fingerprint=fingerprint)
+    raise GossipRejected("malformed", "empty gossip message")
+
+
+def encode_pull_request(fingerprint: str, max_peers: int) -> bytes:
+    return pb.DigestPullRequest(
+        version=WIRE_VERSION, model_fingerprint=fingerprint, max_peers=max_peers
+    ).SerializeToString()
+
+
+def decode_pull_request(data: bytes) -> pb.DigestPullRequest:
+    msg = pb.DigestPullRequest()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise WireError("BAD_REQUEST", f"not a DigestPullRequest: {exc}") from None
+    if msg.version != WIRE_VERSION:
+        raise WireError("BAD_REQUEST", f"pull version {msg.version}; this node speaks {WIRE_VERSION}")
+    return msg
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    digest: Digest
+    load: LoadInfo | None
+    peers: tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def decode_pull_response(data: bytes, *, sender: str, fingerprint: str) -> PullResult:
+    """Raises :class:`RemoteError` for a refusal, :class:`GossipRejected` for a bad answer."""
+    msg = pb.DigestPullResponse()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise GossipRejected("malformed", str(exc)) from None
+    if msg.version != WIRE_VERSION:
+        raise GossipRejected("version", f"pull response version {msg.version}")
+    if msg.HasField("error"):
+        raise RemoteError(ERROR_CODES.get(msg.error.code, "INTERNAL"), msg.error.message[:1024], sender)
+    try:
+        digest = decode_digest(msg.digest)
+    except DigestError as exc:
+        raise GossipRejected("malformed", str(exc)) from None
+    if digest.node_id != sender:
+        raise GossipRejected("spoofed", f"pulled digest of {digest.node_id!r} from {sender}")
+    if digest.fingerprint != fingerprint:
+        raise GossipRejected("other-model", f"fingerprint {digest.fingerprint!r}")
+    load = load_from_pb(msg.load, sender=sender, fingerprint=fingerprint) if msg.HasField("load") else None
+    peers: list[tuple[str, tuple[str, ...]]] = []
+    for rec in msg.peers[:MAX_PEER_RECORDS]:
+        addrs = tuple(a for a in rec.addrs[:MAX_ADDRS] if len(a) <= MAX_ADDR_LEN and a.startswith("/"))
+        if 0 < len(rec.peer_id) <= 128 and addrs:
+            peers.append((rec.peer_id, addrs))
+    return PullResult(digest, load, tuple(peers))
+
+
+def encode_pull_response(
+    digest_bytes: bytes, load: pb.LoadReport, peers: Sequence[tuple[str, Sequence[str]]]
+) -> bytes:
+    return pb.DigestPullResponse(
+        version=WIRE_VERSION,
+        digest=digest_bytes,
+        load=load,
+        peers=[pb.PeerRecord(peer_id=p, addrs=list(a)[:MAX_ADDRS]) for p, a in peers[:MAX_PEER_RECORDS]],
+    ).SerializeToString()
+
+
+def encode_pull_error(code: str, message: str) -> bytes:
+    return pb.DigestPullResponse(
+        version=WIRE_VERSION, error=pb.Error(code=pb.ErrorCode.Value(code), message=message[:1024])
+    ).SerializeToString()
