@@ -99,7 +99,19 @@ async def run_node(settings: NodeSettings, ready_file: str | None = None, quiet:
             console.print(f"  HTTP    {info['http']}  (OpenAI API under /v1, /status, /metrics)")
             console.print(f"  engine  {node.engine.name}: {node.engine.model_name}; policy {settings.policy}")
             console.print("  Ctrl-C to stop")
-        await trio.sleep_forever()
+        await stop_on_signal()
+        nursery.cancel_scope.cancel()
+
+
+async def stop_on_signal() -> None:
+    """Return at the first SIGINT or SIGTERM, so the caller can shut down cleanly."""
+    import signal
+
+    import trio
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            return
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
