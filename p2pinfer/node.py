@@ -167,7 +167,7 @@ class Node:
         from libp2p.peer.id import ID
 
         from .net.gossip import GossipService
-        from .net.host import build_stack, digest_topic, run_stack
+        from .net.host import build_stack, dialable_addrs, digest_topic, run_stack
         from .net.identity import load_or_create_identity
         from .net.membership import Membership
         from .net.pull import PULL_PROTOCOL, DigestPuller
@@ -235,7 +235,7 @@ class Node:
         host.set_stream_handler(PULL_PROTOCOL, self.puller.handle)
 
         await stack.enter_async_context(run_stack(self._libp2p))
-        self.addrs = [str(a) for a in host.get_addrs()]
+        self.addrs = dialable_addrs(host.get_addrs())
         nursery = await stack.enter_async_context(trio.open_nursery())
         self._nursery = nursery
         # Exit order (last registered runs first): close streams, then cancel the tasks.

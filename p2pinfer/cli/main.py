@@ -26,6 +26,7 @@ app.add_typer(bench, name="bench")
 
 COMMAND_MODULES = [
     "p2pinfer.cli.bench_route",
+    "p2pinfer.cli.bench_overlay",
     "p2pinfer.cli.bench_engine",
     "p2pinfer.cli.node_cmd",
     "p2pinfer.cli.client_cmds",

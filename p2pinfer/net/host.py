@@ -31,7 +31,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from .config import ConfigError, NodeConfig
 
-__all__ = ["Libp2pStack", "derive_psk", "digest_topic", "run_stack"]
+__all__ = ["Libp2pStack", "derive_psk", "dialable_addrs", "digest_topic", "run_stack"]
 
 _PSK_CONTEXT = "p2pinfer 2026 libp2p pnet pre-shared key v1"
 
@@ -58,6 +58,30 @@ def _multiaddrs(values: tuple[str, ...], what: str) -> list[multiaddr.Multiaddr]
         except Exception as exc:
             raise ConfigError(f"{what} address {value!r} is not a multiaddr: {exc}") from None
     return out
+
+
+def dialable_addrs(addrs: list[multiaddr.Multiaddr]) -> list[str]:
+    """Listen addresses as peers can dial them: wildcards become interface addresses.
+
+    ``/ip4/0.0.0.0`` is expanded to every IPv4 interface, loopback last
+    (useful on one machine, and harmless elsewhere: the Noise handshake
+    checks the peer id, so a dial that reaches another process fails).
+    """
+    from libp2p.utils.address_validation import expand_wildcard_address
+
+    out: list[str] = []
+    for addr in addrs:
+        text = str(addr)
+        if text.startswith("/ip4/0.0.0.0/") or text.startswith("/ip6/::/"):
+            suffix = text.split("/p2p/", 1)[1] if "/p2p/" in text else ""
+            base = multiaddr.Multiaddr(text.split("/p2p/", 1)[0])
+            expanded = [str(a) for a in expand_wildcard_address(base) if str(a) != str(base)]
+            loop = text.split("/p2p/", 1)[0].replace("/ip4/0.0.0.0/", "/ip4/127.0.0.1/").replace("/ip6/::/", "/ip6/::1/")
+            for item in [*expanded, loop]:
+                out.append(f"{item}/p2p/{suffix}" if suffix else item)
+        else:
+            out.append(text)
+    return list(dict.fromkeys(out))
 
 
 @dataclass

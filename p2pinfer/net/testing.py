@@ -46,14 +46,14 @@ def fast_config(
     """A loopback node with an ephemeral port and a short gossip schedule."""
     gossip = gossip or GossipConfig(delta_interval_s=0.1, full_interval_s=1.0, load_interval_s=0.25, peer_ttl_s=2.0)
     engine_options = {"speed": speed, **kwargs.pop("engine_options", {})}
+    kwargs.setdefault("connect_timeout_s", 5.0)
+    kwargs.setdefault("stall_timeout_s", 10.0)
     return NodeConfig(
         listen=("/ip4/127.0.0.1/tcp/0",),
         bootstrap=bootstrap,
         engine="simulated",
         engine_options=engine_options,
         router=RouterConfig(policy=policy, gossip=gossip, busy_queue_ms=busy_queue_ms),
-        connect_timeout_s=5.0,
-        stall_timeout_s=10.0,
         **kwargs,
     )
 

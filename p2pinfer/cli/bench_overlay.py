@@ -1,0 +1,250 @@
+"""``p2pinfer bench overlay``: what the overlay itself costs, on loopback.
+
+Nodes are separate processes (``p2pinfer.net.testing_node``) running the
+simulated engine at zero cost, so every millisecond measured is overlay:
+libp2p, framing, protobuf, routing. Three figures:
+
+* added latency of a forwarded request over a local one, both entering at
+  node A and timed inside A (interleaved, so they share the machine's state);
+* time for a cache change on one node to appear in another's view, timed
+  with CLOCK_MONOTONIC (shared by all processes of the machine) and compared
+  with the gossip intervals;
+* gossip bytes per node per second, idle and at a stated request rate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import statistics
+import time
+from typing import Any
+
+import typer
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
+
+def _summary(values: list[float], digits: int = 3) -> dict[str, float]:
+    return {
+        "p50": round(statistics.median(values), digits),
+        "p90": round(_pct(values, 0.9), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+    }
+
+
+def run_overlay_bench(
+    nodes: int = 3,
+    forwards: int = 200,
+    prompt_tokens: int = 256,
+    max_tokens: int = 1,
+    propagation_samples: int = 30,
+    rate: float = 20.0,
+    load_seconds: float = 10.0,
+    idle_seconds: float = 5.0,
+    seed: int = 1,
+) -> dict[str, Any]:
+    import libp2p  # noqa: F401  (version below)
+    from importlib.metadata import version
+
+    from ..core.blocks import BlockHasher
+    from ..core.router import GossipConfig, RouterConfig
+    from ..engines.simulated import SimulatedEngine
+    from ..net.config import NodeConfig
+    from ..net.testing import NodeProcess, wait_until
+
+    rng = random.Random(seed)
+    gossip = GossipConfig()  # the defaults a real swarm runs with
+
+    def config(bootstrap: tuple[str, ...]) -> NodeConfig:
+        return NodeConfig(
+            listen=("/ip4/127.0.0.1/tcp/0",),
+            bootstrap=bootstrap,
+            engine="simulated",
+            engine_options={"speed": 0.0},
+            router=RouterConfig(gossip=gossip),
+        )
+
+    def fresh(n: int) -> list[int]:
+        return [rng.randrange(256, 49152) for _ in range(n)]
+
+    procs: list[NodeProcess] = []
+    try:
+        first = NodeProcess(config(()), "bench-0")
+        procs.append(first)
+        for i in range(1, nodes):
+            procs.append(NodeProcess(config((first.addr,)), f"bench-{i}"))
+        ids = [p.peer_id for p in procs]
+
+        def everyone_sees_everyone() -> bool:
+            for p in procs:
+                view = p.call("view")
+                if any(not view.get(other, {}).get("eligible") for other in ids if other != p.peer_id):
+                    return False
+            return True
+
+        wait_until(everyone_sees_everyone, 60, interval_s=0.2, what="full view")
+        a, b = procs[0], procs[1]
+
+        # 1. Forwarded vs local, interleaved, timed inside A.
+        prompt = fresh(prompt_tokens)
+        for _ in range(10):  # warm-up: connection, stream pool, caches
+            a.call("generate", tokens=prompt, max_tokens=max_tokens, prefer=b.peer_id)
+            a.call("generate", tokens=prompt, max_tokens=max_tokens, prefer="local")
+        local_ms: list[float] = []
+        fwd_ms: list[float] = []
+        local_ttft: list[float] = []
+        fwd_ttft: list[float] = []
+        for _ in range(forwards):
+            r = a.call("generate", tokens=prompt, max_tokens=max_tokens, prefer="local")
+            local_ms.append(r["total_s"] * 1000)
+            local_ttft.append(r["ttft_s"] * 1000)
+            r = a.call("generate", tokens=prompt, max_tokens=max_tokens, prefer=b.peer_id)
+            if r["served_by"] != b.peer_id:
+                raise RuntimeError(f"forward was not served by B: {r['reason']}")
+            fwd_ms.append(r["total_s"] * 1000)
+            fwd_ttft.append(r["ttft_s"] * 1000)
+        added = [f - loc for f, loc in zip(fwd_ms, local_ms)]
+        forward_figures = {
+            "requests_each": forwards,
+            "prompt_tokens": prompt_tokens,
+            "max_tokens": max_tokens,
+            "local_ms": _summary(local_ms),
+            "forwarded_ms": _summary(fwd_ms),
+            "local_ttft_ms": _summary(local_ttft),
+            "forwarded_ttft_ms": _summary(fwd_ttft),
+            "added_ms_p50": round(statistics.median(fwd_ms) - statistics.median(local_ms), 3),
+            "added_ms_pairwise": _summary(added),
+            "target_added_ms_p50": 3.0,
+            "rtt_ms_in_view": a.call("view")[b.peer_id]["rtt_ms"],
+        }
+
+        # 2. Propagation: a cache change on B, seen in A's (and C's) view.
+        hasher = BlockHasher(SimulatedEngine().fingerprint)
+        watchers = [p for p in procs if p is not b]
+        delays: list[float] = []
+        for _ in range(propagation_samples):
+            time.sleep(rng.uniform(0.0, gossip.delta_interval_s * 2))  # random phase
+            tokens = fresh(64)
+            last_block = hasher.hashes(tokens)[-1]
+            waits = [w.start_call("wait_hash", peer=b.peer_id, hash=last_block, timeout_s=30.0) for w in watchers]
+            done = b.call("generate", tokens=tokens, max_tokens=1, prefer="local")
+            for wait in waits:
+                delays.append((wait(40) - done["done_at"]) * 1000)
+        propagation = {
+            "samples": len(delays),
+            "delay_ms": _summary(delays, 1),
+            "delta_interval_ms": gossip.delta_interval_s * 1000,
+            "full_interval_ms": gossip.full_interval_s * 1000,
+            "p50_over_delta_interval": round(statistics.median(delays) / (gossip.delta_interval_s * 1000), 3),
+            "max_over_delta_interval": round(max(delays) / (gossip.delta_interval_s * 1000), 3),
+        }
+
+        # 3. Gossip volume, idle and under load.
+        def counters() -> list[dict[str, Any]]:
+            return [p.call("status")["counters"] for p in procs]
+
+        def volume(before: list[dict[str, Any]], after: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+            pub = [(y["gossip_published_bytes"] - x["gossip_published_bytes"]) / seconds for x, y in zip(before, after)]
+            rec = [(y["gossip_received_bytes"] - x["gossip_received_bytes"]) / seconds for x, y in zip(before, after)]
+            msgs = [(y["gossip_published"] - x["gossip_published"]) / seconds for x, y in zip(before, after)]
+            return {
+                "seconds": round(seconds, 2),
+                "published_bytes_per_node_per_s": round(statistics.fmean(pub), 1),
+                "received_bytes_per_node_per_s": round(statistics.fmean(rec), 1),
+                "published_msgs_per_node_per_s": round(statistics.fmean(msgs), 2),
+                "max_received_bytes_per_node_per_s": round(max(rec), 1),
+            }
+
+        c0 = counters()
+        t0 = time.monotonic()
+        time.sleep(idle_seconds)
+        idle = volume(c0, counters(), time.monotonic() - t0)
+
+        c0 = counters()
+        t0 = time.monotonic()
+        pending = []
+        sent = 0
+        while (now := time.monotonic() - t0) < load_seconds:
+            due = int(now * rate)
+            while sent < due:
+                node = procs[sent % len(procs)]
+                pending.append(node.start_call("generate", tokens=fresh(prompt_tokens), max_tokens=max_tokens))
+                sent += 1
+            time.sleep(0.005)
+        for wait in pending:
+            wait(60)
+        elapsed = time.monotonic() - t0
+        loaded = volume(c0, counters(), elapsed)
+        loaded.update(
+            {
+                "request_rate_per_s": round(sent / elapsed, 2),
+                "new_tokens_per_request": prompt_tokens,
+                "new_blocks_per_request": prompt_tokens // hasher.block_size,
+            }
+        )
+        final = counters()
+        return {
+            "benchmark": "overlay",
+            "nodes": nodes,
+            "engine": "simulated speed=0 (zero cost)",
+            "transport": "TCP loopback, Noise, Yamux; one process per node",
+            "gossip": {
+                "delta_interval_s": gossip.delta_interval_s,
+                "full_interval_s": gossip.full_interval_s,
+                "load_interval_s": gossip.load_interval_s,
+            },
+            "forward": forward_figures,
+            "propagation": propagation,
+            "gossip_idle": idle,
+            "gossip_loaded": loaded,
+            "gossip_bytes_note": "signed pubsub messages (data, topic, ids, signature); gossipsub control traffic (IHAVE/IWANT/GRAFT) and relaying copies not included",
+            "requests_failed": sum(c["requests_failed"] for c in final),
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "libp2p": version("libp2p")},
+        }
+    finally:
+        for p in procs:
+            p.close()
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    @bench.command("overlay")
+    def overlay(
+        nodes: int = typer.Option(3, min=2, help="Node processes on loopback."),
+        forwards: int = typer.Option(200, min=10, help="Local and forwarded requests each (interleaved)."),
+        prompt_tokens: int = typer.Option(256, min=16, help="Prompt length in tokens."),
+        max_tokens: int = typer.Option(1, min=1, help="Tokens generated per request."),
+        samples: int = typer.Option(30, min=3, help="Cache changes timed from one node to the others."),
+        rate: float = typer.Option(20.0, min=0.1, help="Requests per second (whole swarm) in the gossip-volume phase."),
+        load_seconds: float = typer.Option(10.0, min=1.0, help="Length of the loaded gossip phase."),
+        idle_seconds: float = typer.Option(5.0, min=1.0, help="Length of the idle gossip phase."),
+        seed: int = typer.Option(1),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """Overlay cost on loopback: forwarding latency, digest propagation, gossip volume."""
+        result = run_overlay_bench(nodes, forwards, prompt_tokens, max_tokens, samples, rate, load_seconds, idle_seconds, seed)
+        if as_json:
+            typer.echo(json.dumps(result))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="overlay on loopback")
+        table.add_column("figure")
+        table.add_column("value", justify="right")
+
+        def rows(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    rows(f"{prefix}.{k}" if prefix else k, v)
+            else:
+                table.add_row(prefix, str(value))
+
+        rows("", result)
+        Console().print(table)

@@ -1,0 +1,131 @@
+"""Nodes in one process (one trio loop): lifecycle, streams, the sync wrapper.
+
+The multi-process behaviour is in test_cluster.py; these check what is
+easier to see from inside: no stream is left open, shutdown is clean, and
+the public API's results say what happened.
+"""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+import threading
+
+import pytest
+import trio
+
+from p2pinfer.engines.base import InvalidRequestError, TokenChunk
+from p2pinfer.net.forward import GENERATE_PROTOCOL
+from p2pinfer.net.testing import fast_config
+from p2pinfer.node import GenerateResult, Node, NodeError, RequestFailed, SyncNode
+
+
+def generate_streams(node: Node, peer_id: str) -> list:
+    out = []
+    for conn in node.host.get_network().connections.get(_id(peer_id), []):
+        out += [s for s in conn.get_streams() if s.get_protocol() == GENERATE_PROTOCOL]
+    return out
+
+
+def _id(peer_id: str):
+    from libp2p.peer.id import ID
+
+    return ID.from_base58(peer_id)
+
+
+async def wait_for(predicate, timeout_s: float = 10.0) -> None:
+    with trio.fail_after(timeout_s):
+        while not predicate():
+            await trio.sleep(0.02)
+
+
+async def test_forwarded_requests_reuse_streams_and_close_them_on_both_sides():
+    async with Node(fast_config()) as b, Node(fast_config(bootstrap=(b.addrs[0],))) as a:
+        await a.wait_for_peers(1)
+        tokens = list(range(300, 400))
+        for _ in range(5):
+            result = await a.complete(tokens, max_tokens=3, prefer=b.peer_id)
+            assert result.served_by == b.peer_id and result.hops == 1
+        # Five sequential forwards, one stream (the pool reuses it).
+        assert a.forward_client.streams_opened == 1
+        assert len(generate_streams(b, a.peer_id)) == 1
+        await a.forward_client.aclose()
+        # Both sides closed it: nothing lingers on the target.
+        await wait_for(lambda: not generate_streams(b, a.peer_id))
+        await wait_for(lambda: not generate_streams(a, b.peer_id))
+        # And the next forward simply opens a fresh one.
+        assert (await a.complete(tokens, max_tokens=2, prefer=b.peer_id)).served_by == b.peer_id
+
+
+async def test_abandoned_request_resets_the_stream_and_frees_the_target():
+    # B decodes at 12.5 ms per token: 200 tokens would take 2.5 s.
+    async with Node(fast_config(speed=1.0)) as b, Node(fast_config(bootstrap=(b.addrs[0],))) as a:
+        await a.wait_for_peers(1)
+        got = []
+        async with aclosing(a.generate(list(range(300, 340)), max_tokens=200, prefer=b.peer_id)) as items:
+            async for item in items:
+                got.append(item)
+                if len(got) == 3:
+                    break
+        await wait_for(lambda: b.engine.load().active_requests == 0, 5)
+        await wait_for(lambda: not generate_streams(b, a.peer_id), 5)
+        assert b.counters.forwards_served == 0
+        assert a.forward_client.idle_streams() == 0  # a reset stream never returns to the pool
+
+
+async def test_stream_api_yields_chunks_then_a_result():
+    async with Node(fast_config()) as a:
+        items = [item async for item in a.generate("hello there, how are you today?", max_tokens=6)]
+        *chunks, result = items
+        assert all(isinstance(c, TokenChunk) for c in chunks)
+        assert isinstance(result, GenerateResult)
+        assert result.token_ids == [t for c in chunks for t in c.token_ids]
+        assert result.served_locally and result.served_by == a.peer_id and result.hops == 0
+        assert result.generated_tokens == 6 and result.decision is not None
+        status = a.status()
+        assert status["counters"]["requests"] == 1 and status["counters"]["served_local"] == 1
+        with pytest.raises(InvalidRequestError):
+            await a.complete([], max_tokens=2)
+        with pytest.raises(NodeError, match="prompt must be"):
+            await a.complete([1.5, 2.5])  # type: ignore[list-item]
+
+
+async def test_unreachable_preferred_peer_falls_back_to_local():
+    async with Node(fast_config(connect_timeout_s=1.0)) as a:
+        ghost = "12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN"
+        result = await a.complete(list(range(300, 340)), max_tokens=2, prefer=ghost)
+        assert result.served_locally
+        assert [att.outcome for att in result.attempts] == ["failed", "done"]
+        assert a.counters.forward_failures == 1
+
+
+def test_sync_wrapper_runs_a_node_for_scripts():
+    with SyncNode(fast_config()) as node:
+        assert node.peer_id and node.addrs
+        result = node.complete("a short prompt for the sync wrapper", max_tokens=3)
+        assert result.generated_tokens == 3 and result.served_locally
+        assert node.status()["counters"]["requests"] == 1
+    assert not any(t.name == "p2pinfer-node" for t in threading.enumerate())
+
+
+async def test_private_network_admits_only_holders_of_the_secret():
+    secret = {"swarm_secret": b"our swarm", "private_network": True}
+    async with Node(fast_config(**secret)) as b:
+        async with Node(fast_config(bootstrap=(b.addrs[0],), **secret)) as a:
+            await a.wait_for_peers(1)
+            assert (await a.complete(list(range(300, 340)), max_tokens=2, prefer=b.peer_id)).served_by == b.peer_id
+        outsider = fast_config(
+            bootstrap=(b.addrs[0],), swarm_secret=b"another swarm", private_network=True, connect_timeout_s=2.0
+        )
+        async with Node(outsider) as c:
+            await wait_for(lambda: c.counters.dials_failed >= 1, 15)
+            assert c.counters.dials_ok == 0 and len(c.router.view) == 0
+        async with Node(fast_config(bootstrap=(b.addrs[0],), connect_timeout_s=2.0)) as d:  # no pre-shared key
+            await wait_for(lambda: d.counters.dials_failed >= 1, 15)
+            assert d.counters.dials_ok == 0 and len(d.router.view) == 0
+
+
+async def test_mdns_finds_a_peer_on_the_local_link_without_bootstrap():
+    async with Node(fast_config(mdns=True)) as a, Node(fast_config(mdns=True)) as b:
+        await a.wait_for_peers(1, 20)
+        await b.wait_for_peers(1, 20)
+        assert b.peer_id in a.router.view
