@@ -137,6 +137,12 @@ class CostModel:
     """Assumed for a peer whose RTT was never measured."""
     stale_load_s: float = 30.0
     """Reported load older than this is ignored (assumed idle)."""
+    drain_reported_queue: bool = True
+    """A peer has been working through its reported queue since it reported
+    it (one request at a time, at its prefill speed): subtract that work.
+    Without it a 1 s old report overstates a busy peer's queue by up to
+    1 s, and cold local recomputes replace cheap forwards (simulator,
+    docs/results.md, issue 6)."""
 
     def candidate(
         self,
@@ -201,6 +207,10 @@ def _peer_candidate(
     load = peer.load
     if peer.load_at is None or now - peer.load_at > model.stale_load_s:
         load = Load(0, peer.load.prefill_ms_per_token, 0)
+    elif model.drain_reported_queue and now > peer.load_at and load.prefill_ms_per_token > 0:
+        drained = int((now - peer.load_at) * 1000.0 / load.prefill_ms_per_token)
+        if drained:
+            load = Load(max(0, load.queued_prefill_tokens - drained), load.prefill_ms_per_token, load.active_requests)
     rtt = model.default_rtt_ms if peer.rtt_ms is None else peer.rtt_ms
     return model.candidate(
         peer.peer_id, request.prompt_tokens, match, load, rtt, peer.digest_age(now)
