@@ -13,10 +13,13 @@ was used.
 from __future__ import annotations
 
 from collections.abc import Callable
+import contextlib
 from dataclasses import dataclass
 import functools
 import importlib.metadata
+import io
 import os
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -58,14 +61,19 @@ def find_default_gguf() -> Path | None:
 
 
 class _QuietStderr:
-    """llama.cpp prints to the C-level stderr even with verbose=False."""
+    """llama.cpp logs to the C-level stderr, and llama-cpp-python's log
+    callback to ``sys.stderr``, even with verbose=False: silence both."""
 
     def __enter__(self) -> None:
+        sys.stderr.flush()
         self._saved = os.dup(2)
         self._null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(self._null, 2)
+        self._py = contextlib.redirect_stderr(io.StringIO())
+        self._py.__enter__()
 
     def __exit__(self, *_: object) -> None:
+        self._py.__exit__(None, None, None)
         os.dup2(self._saved, 2)
         os.close(self._saved)
         os.close(self._null)

@@ -1,0 +1,19 @@
+"""The discrete-event simulator: the real routing core on a virtual clock."""
+
+from .metrics import WALL_CLOCK_KEYS, percentile
+from .network import LatencyModel, parse_latency
+from .oracle import OracleIndex, OraclePolicy, OracleView
+from .simulator import SIM_POLICIES, SimConfig, Simulator
+
+__all__ = [
+    "SIM_POLICIES",
+    "WALL_CLOCK_KEYS",
+    "LatencyModel",
+    "OracleIndex",
+    "OraclePolicy",
+    "OracleView",
+    "SimConfig",
+    "Simulator",
+    "parse_latency",
+    "percentile",
+]

@@ -1,0 +1,131 @@
+"""Turning a finished run into the figures we report.
+
+Wall-clock figures (``decision_us_*``, ``sim.wall_s``) are the only ones
+that differ between two runs with the same seed; everything else is a
+function of the seed and the configuration.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import TYPE_CHECKING, Any
+
+from .network import gossip_copies, mesh_hops
+
+if TYPE_CHECKING:
+    from .simulator import Simulator
+
+__all__ = ["WALL_CLOCK_KEYS", "percentile", "summarise"]
+
+WALL_CLOCK_KEYS = ("decision_us_p50", "decision_us_p99", "wall_s")
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list."""
+    if not sorted_values:
+        return math.nan
+    k = max(0, math.ceil(q / 100 * len(sorted_values)) - 1)
+    return sorted_values[k]
+
+
+def _r(x: float, nd: int = 3) -> float:
+    return round(x, nd)
+
+
+def summarise(sim: Simulator, wall_s: float) -> dict[str, Any]:
+    cfg = sim.config
+    done = sorted(sim.completed, key=lambda r: r.rid)
+    skip = int(len(done) * cfg.warmup)
+    measured = [r for r in done if r.rid >= skip]
+    ttft = sorted((r.first_token - r.arrival) * 1000.0 for r in measured)  # type: ignore[operator]
+    prompt = sum(r.n_tokens for r in measured)
+    reused = sum(r.reused for r in measured)
+    forwarded = sum(1 for r in measured if r.served_by is not r.entry)
+    end = sim.now
+    node_seconds = sum(((n.left_at if n.left_at is not None else end) - n.joined_at) for n in sim.nodes) or 1.0
+    util = [n.busy_s / max(1e-9, (n.left_at if n.left_at is not None else end) - n.joined_at) for n in sim.nodes]
+    served = [n.served for n in sim.nodes]
+    busy = [n.busy_s for n in sim.nodes]
+    decisions = sorted(sim.decision_ns)
+    topic_n = cfg.nodes if not cfg.topic_size else min(cfg.topic_size, cfg.nodes)
+    published = sum(sim.msg_count.values())
+    under = sum(1 for r in measured if r.served_by is not r.entry and r.reused < r.predicted)
+    result: dict[str, Any] = {
+        "policy": cfg.policy,
+        "nodes": cfg.nodes,
+        "requests": len(done),
+        "measured_requests": len(measured),
+        "workload": sim.workload,
+        "tokenizer": sim.encoder.tokenizer.as_dict(),
+        "ttft_ms": {
+            "mean": _r(statistics.fmean(ttft)),
+            "p50": _r(percentile(ttft, 50)),
+            "p90": _r(percentile(ttft, 90)),
+            "p99": _r(percentile(ttft, 99)),
+            "max": _r(ttft[-1]),
+        },
+        "hit_rate": _r(reused / prompt, 4) if prompt else 0.0,
+        "forwarded_share": _r(forwarded / len(measured), 4),
+        "forwards_realised_below_prediction": under,
+        "busy_refusals": sim.refusals,
+        "failed_forwards": sim.failures,
+        "client_retries": sim.retries,
+        "orphaned_jobs": sim.orphaned,
+        "gossip_bytes_per_node_per_s": _r(sim.bytes_in / node_seconds, 1) if sim.gossip_on else None,
+        "gossip": {
+            "published_wire_bytes_per_node_per_s": _r(sum(sim.msg_bytes.values()) / node_seconds, 1),
+            "published_messages_per_node_per_s": _r(published / node_seconds, 3),
+            "by_kind": {
+                k: {"messages": sim.msg_count[k], "mean_wire_bytes": _r(sim.msg_bytes[k] / sim.msg_count[k], 1)}
+                for k in sorted(sim.msg_count)
+            },
+            "deliveries": sim.deliveries,
+            "lost": sim.lost,
+            "digest_results": dict(sorted(sim.apply_results.items())),
+            "model": {
+                "mesh_degree": cfg.mesh_degree,
+                "topic_nodes": topic_n,
+                "copies_per_receiver": gossip_copies(topic_n, cfg.mesh_degree),
+                "mesh_hops": mesh_hops(topic_n, cfg.mesh_degree),
+                "envelope_bytes": cfg.envelope_bytes,
+                "counted": "inbound bytes per node: copies x (GossipMessage + envelope); IHAVE/IWANT not counted",
+            }
+            if sim.gossip_on
+            else "oracle: a central router with perfect knowledge, no gossip",
+        },
+        "decision_us_p50": _r(percentile(decisions, 50) / 1000.0, 2),
+        "decision_us_p99": _r(percentile(decisions, 99) / 1000.0, 2),
+        "load": {
+            "utilisation_mean": _r(statistics.fmean(util), 4),
+            "utilisation_max": _r(max(util), 4),
+            "busy_max_over_mean": _r(max(busy) / statistics.fmean(busy), 3) if any(busy) else None,
+            "served_max_over_mean": _r(max(served) / statistics.fmean(served), 3) if any(served) else None,
+        },
+        "churn": {"leaves": sim.leaves, "joins": sim.joins},
+        "cost_model": cfg.cost.as_dict(),
+        "params": {
+            "latency": sim.latency.describe(),
+            "forward_cost": "2 one-way hops: request out, first token back",
+            "loss": cfg.loss,
+            "cache_tokens_per_node": cfg.cache_tokens,
+            "busy_valve": cfg.busy_valve,
+            "busy_queue_ms": cfg.busy_queue_ms,
+            "busy_backoff_s": cfg.busy_backoff_s,
+            "gossip": {
+                "delta_interval_s": cfg.gossip.delta_interval_s,
+                "full_interval_s": cfg.gossip.full_interval_s,
+                "load_interval_s": cfg.gossip.load_interval_s,
+                "peer_ttl_s": cfg.gossip.peer_ttl_s,
+                "instant": cfg.instant_gossip,
+                "topic_size": cfg.topic_size or None,
+            },
+            "churn_interval_s": cfg.churn_interval_s or None,
+            "warmup_share": cfg.warmup,
+            "seed": cfg.seed,
+        },
+        "sim": {"virtual_s": _r(end, 3), "events": sim.events, "wall_s": _r(wall_s, 3)},
+    }
+    if sim.shadow_total:
+        result["oracle_agreement"] = _r(sim.shadow_agree / sim.shadow_total, 4)
+    return result

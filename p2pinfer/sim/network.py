@@ -1,0 +1,149 @@
+"""The network as the simulator sees it: link latency, loss, gossipsub cost.
+
+Latency is one-way, per link, in milliseconds: ``fixed`` (every link the
+same), or drawn once per link from ``uniform:LO:HI`` or
+``lognormal:MEDIAN:SIGMA`` (geography: a link keeps its delay), reproducibly
+from the seed. A forwarded request pays two one-way hops before its first
+token reaches the client: the request going out, the first token coming
+back.
+
+Gossip is modelled on gossipsub with mesh degree ``D`` (6 by default):
+
+* every message published in a topic reaches every subscriber;
+* it arrives after ``mesh_hops(n)`` link delays (1 when the mesh is the full
+  graph, else ``ceil(log_D(n - 1))``), at the typical link delay (the fixed
+  value, or the distribution's median);
+* each subscriber's *inbound* bandwidth is counted as ``min(D, n - 1)``
+  copies of (payload + gossipsub envelope): every mesh neighbour forwards
+  the message once (gossipsub v1.1 without IDONTWANT, an upper bound);
+* the envelope (gossipsub Message: 38-byte peer id, 8-byte seqno, topic,
+  64-byte Ed25519 signature, protobuf framing, yamux and noise framing) is
+  taken as 180 bytes; IHAVE/IWANT control traffic is *not* counted;
+* loss drops a message independently for each receiver (no IWANT
+  recovery): full digests heal the lost deltas, as in the live node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import math
+import statistics
+
+import xxhash
+
+__all__ = [
+    "DEFAULT_ENVELOPE_BYTES",
+    "DEFAULT_MESH_DEGREE",
+    "LatencyModel",
+    "digest_message_bytes",
+    "gossip_copies",
+    "load_report_bytes",
+    "mesh_hops",
+    "parse_latency",
+]
+
+DEFAULT_MESH_DEGREE = 6
+DEFAULT_ENVELOPE_BYTES = 180
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    kind: str = "fixed"
+    a: float = 1.0
+    """fixed: the delay; uniform: low; lognormal: median (ms)."""
+    b: float = 0.0
+    """uniform: high; lognormal: sigma."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("fixed", "uniform", "lognormal"):
+            raise ValueError(f"unknown latency kind {self.kind!r}")
+        if self.a < 0 or self.b < 0 or (self.kind == "uniform" and self.b < self.a):
+            raise ValueError("latency parameters must be >= 0 (and low <= high)")
+
+    @property
+    def typical_ms(self) -> float:
+        if self.kind == "uniform":
+            return (self.a + self.b) / 2
+        return self.a
+
+    def link_ms(self, i: int, j: int) -> float:
+        """One-way delay between nodes ``i`` and ``j`` (symmetric, fixed per link)."""
+        if self.kind == "fixed" or i == j:
+            return 0.0 if i == j else self.a
+        lo, hi = (i, j) if i < j else (j, i)
+        u = (xxhash.xxh3_64_intdigest(f"{self.seed}:{lo}:{hi}".encode()) + 0.5) / 2.0**64
+        if self.kind == "uniform":
+            return self.a + (self.b - self.a) * u
+        return self.a * math.exp(self.b * statistics.NormalDist().inv_cdf(u))
+
+    def describe(self) -> str:
+        if self.kind == "fixed":
+            return f"{self.a:g} ms per hop"
+        if self.kind == "uniform":
+            return f"uniform {self.a:g}..{self.b:g} ms per hop (per link)"
+        return f"lognormal median {self.a:g} ms, sigma {self.b:g} (per link)"
+
+
+def parse_latency(text: str, seed: int = 0) -> LatencyModel:
+    """``MS``, ``uniform:LO:HI`` or ``lognormal:MEDIAN:SIGMA`` (milliseconds)."""
+    parts = text.strip().split(":")
+    try:
+        if len(parts) == 1:
+            return LatencyModel("fixed", float(parts[0]), 0.0, seed)
+        if len(parts) == 3 and parts[0] in ("uniform", "lognormal"):
+            return LatencyModel(parts[0], float(parts[1]), float(parts[2]), seed)
+    except ValueError as exc:
+        raise ValueError(f"bad latency {text!r}: {exc}") from None
+    raise ValueError(f"latency must be MS, uniform:LO:HI or lognormal:MEDIAN:SIGMA, not {text!r}")
+
+
+def mesh_hops(n: int, degree: int = DEFAULT_MESH_DEGREE) -> int:
+    """Link delays before a message published in a topic of ``n`` reaches everyone."""
+    if n - 1 <= degree:
+        return 1
+    return max(1, math.ceil(math.log(n - 1) / math.log(degree)))
+
+
+def gossip_copies(n: int, degree: int = DEFAULT_MESH_DEGREE) -> int:
+    """Copies of each message a subscriber receives (one per mesh neighbour)."""
+    return max(1, min(degree, n - 1))
+
+
+def _varint_len(v: int) -> int:
+    n = 1
+    while v >= 0x80:
+        v >>= 7
+        n += 1
+    return n
+
+
+def _field_len(payload: int) -> int:
+    """Tag (1 byte for field numbers < 16) + length varint + bytes."""
+    return 1 + _varint_len(payload) + payload
+
+
+def load_report_bytes(node_id: str, fingerprint: str, queued: int, active: int, busy: bool, version: int) -> int:
+    """Size of ``GossipMessage{load: LoadReport}`` (protos/p2pinfer.proto) on the wire.
+
+    Computed from the protobuf encoding rules rather than by importing the
+    generated code; one 26-character multiaddr is assumed in ``addrs``.
+    """
+    epoch_len = 9  # a random 63-bit epoch is a 9-byte varint
+    body = (
+        _field_len(len(node_id))
+        + _field_len(len(fingerprint))
+        + (1 + _varint_len(queued) if queued else 0)
+        + 5  # float prefill_ms_per_token
+        + (1 + _varint_len(active) if active else 0)
+        + (2 if busy else 0)
+        + 1 + epoch_len
+        + (1 + _varint_len(version) if version else 0)
+        + _field_len(26)
+    )
+    return 2 + _field_len(body)  # GossipMessage: version=1, then the load field
+
+
+def digest_message_bytes(digest_len: int) -> int:
+    """Size of ``GossipMessage{digest: bytes}`` around an encoded digest."""
+    return 2 + _field_len(digest_len)

@@ -1,0 +1,182 @@
+"""The ``oracle`` policy: ``cost``'s rule with perfect, instantaneous knowledge.
+
+It is what a central router that sees every cache and every queue exactly
+would decide, and the limit we measure the gossip-fed ``cost`` policy
+against. It exists only in the simulator (no real node can know this).
+
+It runs the *same* :class:`~p2pinfer.core.policies.CostPolicy` code; only
+the view changes: :class:`OracleView` answers the questions the policy asks
+a :class:`~p2pinfer.core.peers.PeerView` from ground truth at decision time:
+
+* a peer's match is read from an exact index of every live node's cached
+  block hashes (kept from the caches' own insert/evict events), at block
+  granularity, which is what a perfectly fresh digest says;
+* a peer's load is its exact current :class:`~p2pinfer.core.peers.Load`;
+* RTTs are the true link delays;
+* a peer is eligible when it is alive and would not refuse the request
+  (not over the busy threshold right now); it knows nothing of trust or
+  backoffs because it never needs them.
+
+With zero latency and instantaneous lossless gossip the view a ``cost``
+node holds equals this one, so the two policies take the same decisions
+(tests/sim/test_oracle.py checks it decision for decision).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+import heapq
+import random
+from typing import TYPE_CHECKING
+
+from ..core.blocks import BlockHasher
+from ..core.peers import PeerState
+from ..core.policies import CostPolicy, Decision, LocalState, RouteRequest
+from ..core.radix import RadixTree, TreeEvent
+
+if TYPE_CHECKING:
+    from .simulator import SimNode, Simulator
+
+__all__ = ["OracleIndex", "OraclePolicy", "OracleView"]
+
+
+class OracleIndex:
+    """Block hash -> indices of the live nodes whose cache holds it (exact)."""
+
+    def __init__(self, hasher: BlockHasher) -> None:
+        self.hasher = hasher
+        self.holders: dict[int, set[int]] = {}
+        self._held: dict[int, set[int]] = {}
+        self._listeners: dict[int, tuple[RadixTree, Callable[[TreeEvent], None]]] = {}
+
+    def attach(self, node: int, cache: RadixTree) -> None:
+        held: set[int] = set()
+        self._held[node] = held
+        holders = self.holders
+        hashes = self.hasher.hashes
+        bs = self.hasher.block_size
+
+        def on_event(event: TreeEvent) -> None:
+            # Same bookkeeping as DigestTracker.on_event: the blocks whose end
+            # lies past event.start changed.
+            changed = hashes(event.path)[event.start // bs :]
+            if event.kind == "insert":
+                for h in changed:
+                    if h not in held:
+                        held.add(h)
+                        holders.setdefault(h, set()).add(node)
+            else:
+                for h in changed:
+                    if h in held:
+                        held.discard(h)
+                        s = holders[h]
+                        s.discard(node)
+                        if not s:
+                            del holders[h]
+
+        for seq in cache.sequences():
+            on_event(TreeEvent("insert", tuple(seq), 0))
+        cache.subscribe(on_event)
+        self._listeners[node] = (cache, on_event)
+
+    def detach(self, node: int) -> None:
+        cache, listener = self._listeners.pop(node)
+        cache.unsubscribe(listener)
+        for h in self._held.pop(node):
+            s = self.holders[h]
+            s.discard(node)
+            if not s:
+                del self.holders[h]
+
+    def held(self, node: int) -> frozenset[int]:
+        return frozenset(self._held.get(node, ()))
+
+
+class OracleView:
+    """Ground truth, shaped like the parts of PeerView a policy reads."""
+
+    def __init__(self, sim: Simulator, decider: SimNode, now: float) -> None:
+        self.sim = sim
+        self.decider = decider
+        self.now = now
+
+    def _state(self, node: SimNode) -> PeerState:
+        sim = self.sim
+        return PeerState(
+            peer_id=node.id,
+            fingerprint=sim.fingerprint_hex,
+            version=1,
+            digest_at=self.now,
+            load=node.load(),
+            load_at=self.now,
+            rtt_ms=sim.rtt_ms(self.decider, node),
+            last_seen=self.now,
+        )
+
+    def longest_matches(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        holders_of = self.sim.oracle_index.holders  # type: ignore[union-attr]
+        matched: dict[int, int] = {}
+        alive: set[int] | None = None
+        for i, h in enumerate(block_hashes):
+            holders = holders_of.get(h)
+            if not holders:
+                break
+            if alive is None:
+                alive = set(holders)
+            else:
+                alive &= holders
+                if not alive:
+                    break
+            for n in alive:
+                matched[n] = i + 1
+        matched.pop(self.decider.idx, None)
+        nodes = self.sim.nodes
+        return {nodes[n].id: blocks for n, blocks in matched.items()}
+
+    def get(self, peer_id: str) -> PeerState | None:
+        node = self.sim.by_id.get(peer_id)
+        if node is None or not node.alive or node is self.decider:
+            return None
+        return self._state(node)
+
+    def eligible(self, state: PeerState, now: float) -> bool:
+        node = self.sim.by_id.get(state.peer_id)
+        return node is not None and node.alive and not self.sim.refuses(node)
+
+    def cheapest_peers(
+        self, k: int, now: float, exclude: set[str] | frozenset[str] | object = frozenset()
+    ) -> list[PeerState]:
+        sim = self.sim
+        excluded = exclude if isinstance(exclude, (set, frozenset)) else set(exclude)  # dict keys
+        keyed: list[tuple[float, str, SimNode]] = []
+        for node in sim.live_nodes():
+            if node is self.decider or node.id in excluded or sim.refuses(node):
+                continue
+            load = node.load()
+            cost = sim.rtt_ms(self.decider, node) + load.queued_prefill_tokens * load.prefill_ms_per_token
+            keyed.append((cost, node.id, node))
+        return [self._state(n) for _, _, n in heapq.nsmallest(k, keyed, key=lambda t: (t[0], t[1]))]
+
+    def __iter__(self) -> Iterator[PeerState]:
+        return iter([self._state(n) for n in self.sim.live_nodes() if n is not self.decider])
+
+    def __len__(self) -> int:
+        return sum(1 for n in self.sim.live_nodes() if n is not self.decider)
+
+
+class OraclePolicy:
+    """``cost``'s decision rule (the very same object) over :class:`OracleView`."""
+
+    name = "oracle"
+
+    def __init__(self, sim: Simulator, node: SimNode, rule: CostPolicy | None = None) -> None:
+        self.sim = sim
+        self.node = node
+        self.rule = rule or CostPolicy()
+        self.rule.name = "oracle"
+
+    def decide(
+        self, request: RouteRequest, local: LocalState, view: object, now: float, rng: random.Random
+    ) -> Decision:
+        return self.rule.decide(request, local, OracleView(self.sim, self.node, now), now, rng)  # type: ignore[arg-type]
+

@@ -1,0 +1,682 @@
+"""A discrete-event simulator of a p2pinfer swarm, running the real core.
+
+Every simulated node owns what a live node owns: a
+:class:`~p2pinfer.core.radix.RadixTree` cache under a token budget, a
+:class:`~p2pinfer.core.router.Router` (digest tracker, peer view, policy
+object) and a FIFO queue served one request at a time, like one llama.cpp
+context. Digests travel between routers as the encoded CBOR bytes
+``Router.take_delta()`` / ``Router.full_digest()`` produce, on the
+:class:`~p2pinfer.core.router.GossipConfig` schedule; what changes is only
+the clock (virtual, a heap of events) and the engine (prefill and decode
+times from :class:`~p2pinfer.core.costmodel.EngineCostModel`, with reuse
+read from the node's real radix match).
+
+A request: arrives at an entry node (Poisson arrivals, a random live node);
+the entry's router decides; a forward travels one link delay, the target
+serves it or refuses with BUSY (its queued prefill is over the threshold),
+in which case the entry backs off from it (``Router.on_busy_refusal``) and
+tries its fallbacks; the first token travels one link delay back. Time to
+first token is measured at the entry node, so a forward pays two one-way
+hops. A node that leaves loses its queue and cache; the entries of its
+requests notice one link delay later and re-route, and clients of a node
+that left retry at another node. Each arrival completes exactly once.
+
+Each encoded message is decoded once and the resulting digest is applied to
+every receiver's router (``Router.on_digest``): that is what
+``Router.on_digest_bytes`` does per receiver, without decoding the same
+bytes a thousand times.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+import hashlib
+import heapq
+import math
+import random
+import statistics
+import time
+from typing import Any
+
+from ..core.blocks import BlockHasher, ModelFingerprint
+from ..core.costmodel import EngineCostModel
+from ..core.digest import Digest, decode_digest
+from ..core.peers import Load
+from ..core.policies import LOCAL, POLICIES, make_policy
+from ..core.radix import RadixTree
+from ..core.router import GossipConfig, Router, RouterConfig, TrustConfig
+from ..workloads.base import PromptEncoder, TimedRequest
+from .network import (
+    DEFAULT_ENVELOPE_BYTES,
+    DEFAULT_MESH_DEGREE,
+    LatencyModel,
+    digest_message_bytes,
+    gossip_copies,
+    load_report_bytes,
+    mesh_hops,
+    parse_latency,
+)
+from .oracle import OracleIndex, OraclePolicy
+
+__all__ = ["SIM_POLICIES", "SimConfig", "SimNode", "Simulator", "default_fingerprint"]
+
+SIM_POLICIES = (*POLICIES, "oracle")
+"""Every core policy plus the simulator-only oracle."""
+
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+
+
+def _peer_id(seed: int, idx: int) -> str:
+    """A 52-character id shaped like a libp2p Ed25519 peer id, so digest and
+    load report sizes are realistic."""
+    n = int.from_bytes(hashlib.sha256(f"p2pinfer-sim-{seed}-{idx}".encode()).digest(), "big")
+    chars = []
+    for _ in range(44):
+        n, r = divmod(n, 58)
+        chars.append(_B58[r])
+    return "12D3KooW" + "".join(chars)
+
+
+def default_fingerprint(tokenizer_name: str) -> ModelFingerprint:
+    return ModelFingerprint("SmolLM2-135M-Instruct.Q4_1", tokenizer_name, "none")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything that defines a run; stated in every result."""
+
+    nodes: int = 4
+    policy: str = "cost"
+    latency: str = "1"
+    """One-way delay per hop in ms, or uniform:LO:HI / lognormal:MEDIAN:SIGMA."""
+    loss: float = 0.0
+    """Probability that one receiver misses one gossip message."""
+    cache_tokens: int = 10_000
+    """Per node KV cache budget (SmolLM2: about 23 KB per token, so 230 MB)."""
+    busy_valve: bool = True
+    busy_queue_ms: float = 4000.0
+    busy_backoff_s: float = 2.0
+    gossip: GossipConfig = field(default_factory=GossipConfig)
+    instant_gossip: bool = False
+    """Every change reaches every node at once, losslessly (for the oracle test)."""
+    topic_size: int = 0
+    """0: one gossip topic for the whole swarm; else random topics of this many
+    nodes, each routing only among its own members."""
+    mesh_degree: int = DEFAULT_MESH_DEGREE
+    envelope_bytes: int = DEFAULT_ENVELOPE_BYTES
+    churn_interval_s: float = 0.0
+    """Mean seconds between two node replacements in the swarm (0: no churn)."""
+    rejoin_delay_s: float = 5.0
+    max_refusals: int = 2
+    """BUSY refusals (or dead targets) tolerated before serving at the entry."""
+    client_retry_s: float = 1.0
+    """A client whose entry node died retries at another node after this long."""
+    warmup: float = 0.1
+    """Share of the first arrivals left out of the statistics (cold caches)."""
+    cost: EngineCostModel = field(default_factory=EngineCostModel)
+    trust: TrustConfig = field(default_factory=TrustConfig)
+    seed: int = 1
+    record_decisions: bool = False
+    record_timeline: bool = False
+    shadow_oracle: bool = False
+    """Also compute the oracle's decision at every ``cost`` decision and count agreement."""
+
+    def validate(self) -> None:
+        if self.nodes < 1:
+            raise ValueError("need at least one node")
+        if self.policy not in SIM_POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(SIM_POLICIES)}")
+        if not 0 <= self.loss < 1:
+            raise ValueError("loss must be in [0, 1)")
+        if self.cache_tokens < 0 or self.topic_size < 0 or self.mesh_degree < 1:
+            raise ValueError("cache_tokens, topic_size must be >= 0 and mesh_degree >= 1")
+        if not 0 <= self.warmup < 1:
+            raise ValueError("warmup must be in [0, 1)")
+        parse_latency(self.latency)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["cost"] = self.cost.as_dict()
+        return d
+
+
+class Req:
+    """One client request, across its forwards, refusals and retries."""
+
+    __slots__ = (
+        "rid", "arrival", "tokens", "n_tokens", "label", "output_tokens", "entry", "gen", "fallbacks",
+        "first_token", "done", "served_by", "reused", "forwards", "refusals", "failures",
+        "retries", "predicted", "fixed_entry",
+    )
+
+    def __init__(self, rid: int, arrival: float, tokens: list[int], label: str, output_tokens: int, fixed_entry: int | None) -> None:
+        self.rid = rid
+        self.arrival = arrival
+        self.tokens = tokens
+        self.n_tokens = len(tokens)
+        self.label = label
+        self.output_tokens = output_tokens
+        self.fixed_entry = fixed_entry
+        self.entry: SimNode | None = None
+        self.gen = 0
+        self.fallbacks: list[tuple[str, int]] = []
+        self.first_token: float | None = None
+        self.done = False
+        self.served_by: SimNode | None = None
+        self.reused = 0
+        self.forwards = 0
+        self.refusals = 0
+        self.failures = 0
+        self.retries = 0
+        self.predicted = 0
+
+
+class Job:
+    __slots__ = ("req", "gen", "origin", "predicted", "estimate", "reused")
+
+    def __init__(self, req: Req, origin: SimNode, predicted: int) -> None:
+        self.req = req
+        self.gen = req.gen
+        self.origin = origin
+        self.predicted = predicted
+        self.estimate = 0
+        self.reused = 0
+
+
+class SimNode:
+    """A node: cache, router, FIFO queue. ``load()`` is what its engine reports."""
+
+    def __init__(self, idx: int, node_id: str, router: Router, cost: EngineCostModel, topic: int, now: float) -> None:
+        self.idx = idx
+        self.id = node_id
+        self.router = router
+        self.cache = router.cache
+        self.ms_per_token = max(cost.prefill_ms_per_token, 1e-3)
+        self.topic = topic
+        self.alive = True
+        self.queue: deque[Job] = deque()
+        self.current: Job | None = None
+        self.queued = 0
+        """Uncached prompt tokens waiting for or in prefill (Load.queued_prefill_tokens)."""
+        self.active = 0
+        self.busy_flag = False
+        self.served = 0
+        self.busy_s = 0.0
+        self.joined_at = now
+        self.left_at: float | None = None
+
+    def load(self) -> Load:
+        return Load(self.queued, self.ms_per_token, self.active)
+
+
+class Simulator:
+    """One run: ``Simulator(config, requests, encoder).run()`` -> result dict."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        requests: Sequence[TimedRequest],
+        encoder: PromptEncoder,
+        *,
+        workload: dict[str, Any] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        config.validate()
+        if not requests:
+            raise ValueError("no requests to simulate")
+        self.config = config
+        self.requests = requests
+        self.encoder = encoder
+        self.workload = workload or {}
+        self.progress = progress
+        self.latency: LatencyModel = parse_latency(config.latency, config.seed)
+        self.fingerprint = default_fingerprint(encoder.tokenizer.name)
+        self.fingerprint_hex = self.fingerprint.hex()
+        self.router_config = RouterConfig(
+            policy="cost" if config.policy == "oracle" else config.policy,
+            busy_queue_ms=config.busy_queue_ms if config.busy_valve else math.inf,
+            busy_backoff_s=config.busy_backoff_s,
+            gossip=config.gossip,
+            trust=config.trust,
+        )
+        seed = config.seed
+        self.rng_entry = random.Random(f"{seed}-entry")
+        self.rng_loss = random.Random(f"{seed}-loss")
+        self.rng_churn = random.Random(f"{seed}-churn")
+        self.rng_topic = random.Random(f"{seed}-topic")
+        self.rng_phase = random.Random(f"{seed}-phase")
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = 0
+        self.nodes: list[SimNode] = []
+        self.by_id: dict[str, SimNode] = {}
+        self.alive: list[SimNode] = []
+        self.topics: list[list[SimNode]] = []
+        self.need_oracle = config.policy == "oracle" or config.shadow_oracle
+        self.oracle_index = OracleIndex(BlockHasher(self.fingerprint)) if self.need_oracle else None
+        self.gossip_on = config.policy != "oracle" and config.nodes > 1
+        self.pending: dict[int, Req] = {}
+        self.completed: list[Req] = []
+        self.arrived = 0
+        # statistics
+        self.decision_ns: list[int] = []
+        self.decisions: list[tuple[int, str, str, int]] = []
+        self.shadow_total = 0
+        self.shadow_agree = 0
+        self.msg_count: Counter[str] = Counter()
+        self.msg_bytes: Counter[str] = Counter()
+        self.apply_results: Counter[str] = Counter()
+        self.bytes_in = 0
+        self.deliveries = 0
+        self.lost = 0
+        self.refusals = 0
+        self.failures = 0
+        self.retries = 0
+        self.orphaned = 0
+        self.joins = 0
+        self.leaves = 0
+        self.timeline: list[tuple[float, str, int]] = []
+        self.events = 0
+
+    # -- event queue ---------------------------------------------------------
+    def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, fn, args))
+
+    # -- topology ------------------------------------------------------------
+    def link_s(self, a: SimNode, b: SimNode) -> float:
+        return self.latency.link_ms(a.idx, b.idx) / 1000.0
+
+    def rtt_ms(self, a: SimNode, b: SimNode) -> float:
+        return 2.0 * self.latency.link_ms(a.idx, b.idx)
+
+    def live_nodes(self) -> list[SimNode]:
+        return self.alive
+
+    def refuses(self, node: SimNode) -> bool:
+        return node.router.is_busy(node.load())
+
+    def _assign_topic(self) -> int:
+        size = self.config.topic_size
+        if not size:
+            if not self.topics:
+                self.topics.append([])
+            return 0
+        open_topics = [i for i, t in enumerate(self.topics) if len(t) < size]
+        if open_topics:
+            return self.rng_topic.choice(open_topics)
+        self.topics.append([])
+        return len(self.topics) - 1
+
+    def _add_node(self) -> SimNode:
+        idx = len(self.nodes)
+        node_id = _peer_id(self.config.seed, idx)
+        cache = RadixTree(self.config.cache_tokens)
+        router = Router(node_id, self.fingerprint, cache, config=self.router_config, seed=self.config.seed * 1_000_003 + idx)
+        topic = self._assign_topic()
+        node = SimNode(idx, node_id, router, self.config.cost, topic, self.now)
+        if self.config.policy == "oracle":
+            router.policy = OraclePolicy(self, node)
+        self.nodes.append(node)
+        self.by_id[node_id] = node
+        self.alive.append(node)
+        self.topics[topic].append(node)
+        if self.oracle_index is not None:
+            self.oracle_index.attach(idx, cache)
+        if self.gossip_on and not self.config.instant_gossip:
+            g = self.config.gossip
+            phase = self.rng_phase.random
+            self.at(self.now + phase() * g.delta_interval_s, self._delta_tick, node)
+            self.at(self.now + phase() * g.full_interval_s + g.full_interval_s, self._full_tick, node)
+            self.at(self.now + phase() * g.load_interval_s, self._load_tick, node)
+            self.at(self.now + g.peer_ttl_s / 2, self._expire_tick, node)
+            # A node announces itself with a full digest when it joins.
+            self._publish_digest(node, node.router.full_digest())
+        elif self.gossip_on:
+            self._announce_instant(node)
+        return node
+
+    def _announce_instant(self, node: SimNode) -> None:
+        """Instant gossip: a joining node and the others exchange full digests now."""
+        now = self.now
+        mine = decode_digest(node.router.full_digest())
+        for other in self.alive:
+            if other is node:
+                continue
+            other.router.on_digest(mine, now)
+            node.router.on_digest(decode_digest(other.router.full_digest()), now)
+
+    # -- gossip --------------------------------------------------------------
+    def _publish(self, src: SimNode, kind: str, obj: Any, payload_len: int, wire_len: int) -> None:
+        members = self.topics[src.topic]
+        n = len(members)
+        if n <= 1:
+            return
+        cfg = self.config
+        self.msg_count[kind] += 1
+        self.msg_bytes[kind] += wire_len
+        per_receiver = (wire_len + cfg.envelope_bytes) * gossip_copies(n, cfg.mesh_degree)
+        delay = mesh_hops(n, cfg.mesh_degree) * self.latency.typical_ms / 1000.0
+        self.at(self.now + delay, self._deliver, src, kind, obj, per_receiver)
+
+    def _publish_digest(self, src: SimNode, data: bytes) -> None:
+        digest = decode_digest(data)
+        self._publish(src, digest.kind, digest, len(data), digest_message_bytes(len(data)))
+
+    def _publish_load(self, src: SimNode) -> None:
+        load = src.load()
+        busy = src.router.is_busy(load)
+        wire = load_report_bytes(src.id, self.fingerprint_hex, load.queued_prefill_tokens, load.active_requests, busy, src.router.tracker.version)
+        self._publish(src, "load", (load, busy), wire, wire)
+
+    def _deliver(self, src: SimNode, kind: str, obj: Any, per_receiver: int) -> None:
+        now = self.now
+        loss = self.config.loss
+        rng = self.rng_loss
+        src_id = src.id
+        delivered = 0
+        is_load = kind == "load"
+        results = self.apply_results
+        for r in self.topics[src.topic]:
+            if r is src or not r.alive:
+                continue
+            if loss and rng.random() < loss:
+                self.lost += 1
+                continue
+            delivered += 1
+            router = r.router
+            if is_load:
+                router.on_load(src_id, obj[0], obj[1], now)
+            else:
+                results[router.on_digest(obj, now)] += 1
+            view = router.view
+            state = view.get(src_id)
+            if state is not None and state.rtt_ms is None:
+                view.set_rtt(src_id, self.rtt_ms(src, r), now)
+        self.deliveries += delivered
+        self.bytes_in += delivered * per_receiver
+
+    def _delta_tick(self, node: SimNode) -> None:
+        if not node.alive:
+            return
+        data = node.router.take_delta()
+        if data is not None:
+            self._publish_digest(node, data)
+        self.at(self.now + self.config.gossip.delta_interval_s, self._delta_tick, node)
+
+    def _full_tick(self, node: SimNode) -> None:
+        if not node.alive:
+            return
+        self._publish_digest(node, node.router.full_digest())
+        self.at(self.now + self.config.gossip.full_interval_s, self._full_tick, node)
+
+    def _load_tick(self, node: SimNode) -> None:
+        if not node.alive:
+            return
+        self._publish_load(node)
+        self.at(self.now + self.config.gossip.load_interval_s, self._load_tick, node)
+
+    def _expire_tick(self, node: SimNode) -> None:
+        if not node.alive:
+            return
+        ttl = self.config.gossip.peer_ttl_s
+        node.router.view.expire(self.now, ttl)
+        self.at(self.now + ttl / 2, self._expire_tick, node)
+
+    def _sync_instant(self) -> None:
+        """Instantaneous lossless gossip: every node's changes and load, now."""
+        now = self.now
+        alive = self.alive
+        for src in alive:
+            data = src.router.take_delta()
+            digest: Digest | None = decode_digest(data) if data is not None else None
+            load = src.load()
+            busy = src.router.is_busy(load)
+            for r in alive:
+                if r is src:
+                    continue
+                if digest is not None:
+                    self.apply_results[r.router.on_digest(digest, now)] += 1
+                r.router.on_load(src.id, load, busy, now)
+                if r.router.view.get(src.id).rtt_ms is None:  # type: ignore[union-attr]
+                    r.router.view.set_rtt(src.id, self.rtt_ms(src, r), now)
+
+    def _check_busy(self, node: SimNode) -> None:
+        """The valve is edge-triggered too: a node says so as soon as it is busy."""
+        if not self.config.busy_valve or not self.gossip_on or self.config.instant_gossip:
+            return
+        busy = node.router.is_busy(node.load())
+        if busy != node.busy_flag:
+            node.busy_flag = busy
+            self._publish_load(node)
+
+    # -- requests ------------------------------------------------------------
+    def _arrive(self, i: int) -> None:
+        tr = self.requests[i]
+        if i + 1 < len(self.requests):
+            self.at(self.requests[i + 1].t, self._arrive, i + 1)
+        p = tr.prompt
+        req = Req(i, self.now, self.encoder.encode(p), p.label, p.output_tokens, tr.entry)
+        self.pending[i] = req
+        self.arrived += 1
+        alive = self.alive
+        entry = alive[tr.entry % len(alive)] if tr.entry is not None else alive[self.rng_entry.randrange(len(alive))]
+        self._route(req, entry)
+
+    def _route(self, req: Req, node: SimNode) -> None:
+        req.entry = node
+        if self.config.instant_gossip:
+            self._sync_instant()
+        router = node.router
+        now = self.now
+        oracle_decision = None
+        if self.config.shadow_oracle:
+            rng = random.Random()
+            rng.setstate(router.rng.getstate())
+            saved = router.policy
+            router.policy = OraclePolicy(self, node)
+            saved_rng, router.rng = router.rng, rng
+            oracle_decision, _ = router.route(req.tokens, node.load(), now)
+            router.policy, router.rng = saved, saved_rng
+        t0 = time.perf_counter_ns()
+        decision, _ = router.route(req.tokens, node.load(), now)
+        self.decision_ns.append(time.perf_counter_ns() - t0)
+        if oracle_decision is not None:
+            self.shadow_total += 1
+            self.shadow_agree += oracle_decision.target == decision.target
+        if self.config.record_decisions:
+            self.decisions.append((req.rid, node.id, decision.target, decision.predicted_match_tokens))
+        req.fallbacks = [(c.target, c.predicted_match_tokens) for c in decision.candidates[1:]]
+        self._dispatch(req, node, decision.target, decision.predicted_match_tokens)
+
+    def _dispatch(self, req: Req, origin: SimNode, target: str, predicted: int) -> None:
+        req.predicted = predicted
+        if target == LOCAL:
+            self._enqueue(origin, Job(req, origin, predicted))
+            return
+        peer = self.by_id[target]
+        req.forwards += 1
+        self.at(self.now + self.link_s(origin, peer), self._forward_arrive, req, req.gen, origin, peer, predicted)
+
+    def _forward_arrive(self, req: Req, gen: int, origin: SimNode, peer: SimNode, predicted: int) -> None:
+        if gen != req.gen or req.done:
+            return
+        back = self.now + self.link_s(peer, origin)
+        if not peer.alive:
+            self.at(back, self._forward_failed, req, gen, origin, peer)
+        elif self.refuses(peer):
+            self.at(back, self._forward_refused, req, gen, origin, peer)
+        else:
+            self._enqueue(peer, Job(req, origin, predicted))
+
+    def _forward_refused(self, req: Req, gen: int, origin: SimNode, peer: SimNode) -> None:
+        if gen != req.gen or not origin.alive:
+            return
+        origin.router.on_busy_refusal(peer.id, self.now)
+        req.refusals += 1
+        self.refusals += 1
+        self._next_target(req, origin)
+
+    def _forward_failed(self, req: Req, gen: int, origin: SimNode, peer: SimNode) -> None:
+        if gen != req.gen or not origin.alive:
+            return
+        origin.router.on_peer_gone(peer.id)
+        req.failures += 1
+        self.failures += 1
+        self._next_target(req, origin)
+
+    def _next_target(self, req: Req, origin: SimNode) -> None:
+        if req.refusals + req.failures <= self.config.max_refusals:
+            if req.fallbacks:
+                # The entry cannot know a fallback died until it tries it.
+                target, predicted = req.fallbacks.pop(0)
+                self._dispatch(req, origin, target, predicted)
+                return
+        self._dispatch(req, origin, LOCAL, origin.cache.match(req.tokens, touch=False))
+
+    # -- serving -------------------------------------------------------------
+    def _enqueue(self, node: SimNode, job: Job) -> None:
+        tokens = job.req.tokens
+        job.estimate = len(tokens) - node.cache.match(tokens, touch=False)
+        node.queued += job.estimate
+        node.active += 1
+        node.queue.append(job)
+        if node.current is None:
+            self._start(node)
+        self._check_busy(node)
+
+    def _start(self, node: SimNode) -> None:
+        job = node.queue.popleft()
+        node.current = job
+        tokens = job.req.tokens
+        # One request at a time per node: nothing else inserts into this cache
+        # while it runs, so the matched prefix needs no pin.
+        reused = node.cache.match(tokens)
+        uncached = len(tokens) - reused
+        node.queued += uncached - job.estimate
+        job.estimate = uncached
+        job.reused = reused
+        duration = self.config.cost.prefill_ms(len(tokens), reused) / 1000.0
+        node.busy_s += duration
+        self.at(self.now + duration, self._prefill_done, node, job)
+
+    def _prefill_done(self, node: SimNode, job: Job) -> None:
+        if not node.alive:
+            return
+        req = job.req
+        node.cache.insert(req.tokens)
+        node.queued -= job.estimate
+        job.estimate = 0
+        if job.gen == req.gen and not req.done:
+            back = 0.0 if job.origin is node else self.link_s(node, job.origin)
+            req.first_token = self.now + back
+            req.served_by = node
+            req.reused = job.reused
+            if job.origin is not node:
+                self.at(self.now + back, self._forward_result, job.origin, node, job.predicted, job.reused)
+        else:
+            self.orphaned += 1
+        decode = self.config.cost.decode_ms(req.output_tokens) / 1000.0
+        node.busy_s += decode
+        self.at(self.now + decode, self._done, node, job)
+        self._check_busy(node)
+
+    def _forward_result(self, origin: SimNode, peer: SimNode, predicted: int, realised: int) -> None:
+        if origin.alive:
+            origin.router.on_forward_result(peer.id, predicted, realised, self.now)
+
+    def _done(self, node: SimNode, job: Job) -> None:
+        if not node.alive:
+            return
+        node.active -= 1
+        node.current = None
+        req = job.req
+        if job.gen == req.gen and not req.done:
+            req.done = True
+            node.served += 1
+            del self.pending[req.rid]
+            req.tokens = []  # free memory; its length is kept below
+            self.completed.append(req)
+            if self.config.record_timeline:
+                self.timeline.append((self.now, req.label, node.idx))
+            if self.progress is not None and len(self.completed) % 50 == 0:
+                self.progress(len(self.completed), len(self.requests))
+        if node.queue:
+            self._start(node)
+
+    # -- churn ---------------------------------------------------------------
+    def _churn(self) -> None:
+        if len(self.pending) == 0 and self.arrived == len(self.requests):
+            return
+        if len(self.alive) > 2:
+            node = self.alive[self.rng_churn.randrange(len(self.alive))]
+            self._leave(node)
+            self.at(self.now + self.config.rejoin_delay_s, self._join)
+        self.at(self.now + self.rng_churn.expovariate(1.0 / self.config.churn_interval_s), self._churn)
+
+    def _join(self) -> None:
+        self.joins += 1
+        self._add_node()
+
+    def _leave(self, node: SimNode) -> None:
+        self.leaves += 1
+        node.alive = False
+        node.left_at = self.now
+        self.alive.remove(node)
+        self.topics[node.topic].remove(node)
+        if self.oracle_index is not None:
+            self.oracle_index.detach(node.idx)
+        jobs = list(node.queue) + ([node.current] if node.current is not None else [])
+        node.queue.clear()
+        node.current = None
+        served_here = {job.req.rid for job in jobs if job.gen == job.req.gen}
+        for req in list(self.pending.values()):
+            if req.entry is node:
+                req.gen += 1  # the client lost its connection: it retries elsewhere
+                self.at(self.now + self.config.client_retry_s, self._client_retry, req)
+            elif req.rid in served_here and req.entry is not None:
+                # The entry sees the stream break one link delay later and re-routes.
+                self.at(self.now + self.link_s(node, req.entry), self._forward_failed, req, req.gen, req.entry, node)
+
+    def _client_retry(self, req: Req) -> None:
+        if req.done:
+            return
+        req.retries += 1
+        self.retries += 1
+        req.fallbacks = []
+        self._route(req, self.alive[self.rng_entry.randrange(len(self.alive))])
+
+    # -- running -------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        wall0 = time.perf_counter()
+        for _ in range(self.config.nodes):
+            self._add_node()
+        self.at(self.requests[0].t, self._arrive, 0)
+        if self.config.churn_interval_s > 0:
+            self.at(self.rng_churn.expovariate(1.0 / self.config.churn_interval_s), self._churn)
+        heap = self._heap
+        pop = heapq.heappop
+        total = len(self.requests)
+        events = 0
+        while heap and len(self.completed) < total:
+            t, _, fn, args = pop(heap)
+            self.now = t
+            fn(*args)
+            events += 1
+        self.events = events
+        if len(self.completed) != total:
+            raise RuntimeError(f"simulation stalled: {len(self.completed)} of {total} requests completed")
+        return self._result(time.perf_counter() - wall0)
+
+    # -- results ---------------------------------------------------------------
+    def _result(self, wall_s: float) -> dict[str, Any]:
+        from .metrics import summarise
+
+        return summarise(self, wall_s)
+
+
+def with_policy(config: SimConfig, policy: str) -> SimConfig:
+    return replace(config, policy=policy)
+
