@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from contextlib import aclosing
 import threading
+import time
 
 import pytest
 import trio
@@ -129,3 +130,53 @@ async def test_mdns_finds_a_peer_on_the_local_link_without_bootstrap():
         await a.wait_for_peers(1, 20)
         await b.wait_for_peers(1, 20)
         assert b.peer_id in a.router.view
+
+
+def forge_claim(node: Node, peer_id: str, tokens: list[int]) -> None:
+    """Make ``node`` believe that ``peer_id`` caches ``tokens`` (it does not)."""
+    from p2pinfer.core.digest import Digest
+
+    state = node.router.view.get(peer_id)
+    lie = Digest(
+        "delta",
+        peer_id,
+        node.router.fingerprint_hex,
+        state.version + 1,
+        state.version,
+        frozenset(node.router.hasher.hashes(tokens)),
+        epoch=state.epoch,
+    )
+    assert node.router.on_digest(lie, time.monotonic()) == "applied"
+
+
+async def test_overclaiming_peer_loses_trust_through_real_forwards():
+    # The paper policy follows the longest claimed match, so A forwards to B.
+    async with Node(fast_config(speed=0.1)) as b, Node(
+        fast_config(bootstrap=(b.addrs[0],), speed=0.1, policy="paper")
+    ) as a:
+        await a.wait_for_peers(1)
+        tokens = list(range(1000, 1320))
+        forge_claim(a, b.peer_id, tokens)
+        first = await a.complete(tokens, max_tokens=1)
+        assert first.served_by == b.peer_id
+        assert (first.predicted_reused_tokens, first.reused_tokens) == (320, 0)
+        assert a.router.view.get(b.peer_id).trust < 1.0
+        # A few more disappointments and B's claims are dropped for a while.
+        for i in range(4):
+            if a.router.view.get(b.peer_id).is_distrusted(time.monotonic()):
+                break
+            fresh = list(range(2000 + 400 * i, 2320 + 400 * i))
+            forge_claim(a, b.peer_id, fresh)
+            assert (await a.complete(fresh, max_tokens=1)).served_by == b.peer_id
+        assert a.router.view.get(b.peer_id).is_distrusted(time.monotonic())
+        # Distrusted: the next claimed prefix is served locally.
+        forge_claim(a, b.peer_id, list(range(9000, 9320)))
+        assert (await a.complete(list(range(9000, 9320)), max_tokens=1)).served_locally
+
+
+async def test_request_fails_explicitly_when_no_candidate_can_serve():
+    async with Node(fast_config(engine_options={"max_queue": 0})) as a:
+        with pytest.raises(RequestFailed) as info:
+            await a.complete(list(range(300, 340)), max_tokens=2)
+        assert [att.outcome for att in info.value.attempts] == ["BUSY"]
+        assert a.counters.requests_failed == 1
