@@ -94,6 +94,8 @@ class Popularity:
     kind: str = "uniform"
     s: float = 0.0
     hot_share: float = 0.0
+    item: str | None = None
+    """Name of the item that takes rank 1 (the hot one), instead of a seeded pick."""
 
     def weights(self, n: int) -> list[float]:
         if n < 1:
@@ -112,32 +114,35 @@ class Popularity:
         return [w / total for w in raw]
 
     def describe(self) -> str:
-        if self.kind == "zipf":
-            return f"zipf:{self.s:g}"
+        suffix = f":{self.item}" if self.item else ""
         if self.kind == "hot":
-            return f"hot:{self.hot_share:g}"
+            return f"hot:{self.hot_share:g}{suffix}"
+        if self.kind == "zipf":
+            return f"zipf:{self.s:g}{suffix}"
         return "uniform"
 
 
 def parse_popularity(text: str) -> Popularity:
-    """``uniform``, ``zipf:S`` (S >= 0) or ``hot:SHARE`` (0 < SHARE < 1)."""
-    kind, _, arg = text.strip().partition(":")
+    """``uniform``, ``zipf:S`` (S >= 0) or ``hot:SHARE`` (0 < SHARE < 1);
+    ``zipf`` and ``hot`` take an optional ``:NAME`` of the top item."""
+    kind, _, rest = text.strip().partition(":")
+    arg, _, item = rest.partition(":")
     try:
-        if kind == "uniform" and not arg:
+        if kind == "uniform" and not rest:
             return Popularity()
         if kind == "zipf":
             s = float(arg)
             if not 0 <= s <= 10 or math.isnan(s):
                 raise ValueError
-            return Popularity("zipf", s=s)
+            return Popularity("zipf", s=s, item=item or None)
         if kind == "hot":
             share = float(arg)
             if not 0 < share < 1:
                 raise ValueError
-            return Popularity("hot", hot_share=share)
+            return Popularity("hot", hot_share=share, item=item or None)
     except ValueError:
         pass
-    raise ValueError(f"popularity must be uniform, zipf:S (0..10) or hot:SHARE (0..1), not {text!r}")
+    raise ValueError(f"popularity must be uniform, zipf:S[:NAME] (S in 0..10) or hot:SHARE[:NAME] (SHARE in 0..1), not {text!r}")
 
 
 class WeightedChoice:

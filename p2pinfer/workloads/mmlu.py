@@ -12,6 +12,7 @@ import csv
 from dataclasses import dataclass
 import importlib.resources
 import io
+import lzma
 from pathlib import Path
 import random
 
@@ -48,27 +49,47 @@ class MMLUSubject:
         return self.name.replace("_", " ")
 
 
+def _question(row: list[str], where: str) -> MMLUQuestion:
+    if len(row) != 6 or row[5] not in ("A", "B", "C", "D"):
+        raise ValueError(f"{where}: expected question,A,B,C,D,answer(A-D)")
+    return MMLUQuestion(row[0], (row[1], row[2], row[3], row[4]), row[5])
+
+
 def _rows(text: str, where: str) -> list[MMLUQuestion]:
-    out: list[MMLUQuestion] = []
-    for i, row in enumerate(csv.reader(io.StringIO(text, newline=""))):
-        if len(row) != 6 or row[5] not in ("A", "B", "C", "D"):
-            raise ValueError(f"{where} row {i + 1}: expected question,A,B,C,D,answer(A-D)")
-        out.append(MMLUQuestion(row[0], (row[1], row[2], row[3], row[4]), row[5]))
+    return [_question(row, f"{where} row {i + 1}") for i, row in enumerate(csv.reader(io.StringIO(text, newline="")))]
+
+
+def _packaged_tests() -> dict[str, list[MMLUQuestion]]:
+    """The shipped test rows: one xz-compressed CSV, subject first."""
+    raw = (importlib.resources.files("p2pinfer") / "data" / "mmlu" / "test.csv.xz").read_bytes()
+    out: dict[str, list[MMLUQuestion]] = {}
+    for i, row in enumerate(csv.reader(io.StringIO(lzma.decompress(raw).decode("utf-8"), newline=""))):
+        if not row:
+            raise ValueError(f"test.csv.xz row {i + 1}: empty")
+        out.setdefault(row[0], []).append(_question(row[1:], f"test.csv.xz row {i + 1}"))
     return out
 
 
 def load_mmlu(path: str | Path | None = None, *, max_test: int | None = None) -> list[MMLUSubject]:
-    """Subjects sorted by name, from ``path`` (``dev/`` and ``test/`` folders of
-    Hendrycks CSVs) or from the subset shipped in the package."""
+    """Subjects sorted by name.
+
+    From ``path`` (Hendrycks layout: ``dev/<subject>_dev.csv`` and
+    ``test/<subject>_test.csv``), or from the subset shipped in the package
+    (all dev rows, the first 100 test rows of each subject).
+    """
     root = importlib.resources.files("p2pinfer") / "data" / "mmlu" if path is None else Path(path)
-    dev_dir, test_dir = root / "dev", root / "test"
+    dev_dir = root / "dev"
+    packaged = _packaged_tests() if path is None else None
     subjects: list[MMLUSubject] = []
     names = sorted(p.name[: -len("_dev.csv")] for p in dev_dir.iterdir() if p.name.endswith("_dev.csv"))
     if not names:
         raise FileNotFoundError(f"no <subject>_dev.csv files in {dev_dir}")
     for name in names:
         dev = _rows((dev_dir / f"{name}_dev.csv").read_text(encoding="utf-8"), f"{name}_dev.csv")
-        test = _rows((test_dir / f"{name}_test.csv").read_text(encoding="utf-8"), f"{name}_test.csv")
+        if packaged is not None:
+            test = packaged.get(name, [])
+        else:
+            test = _rows((root / "test" / f"{name}_test.csv").read_text(encoding="utf-8"), f"{name}_test.csv")
         if not dev or not test:
             raise ValueError(f"subject {name} has no dev or no test rows")
         subjects.append(MMLUSubject(name, tuple(dev), tuple(test[:max_test] if max_test else test)))
@@ -103,6 +124,13 @@ class MMLUWorkload:
         self._headers = [five_shot_header(s) for s in subjects]
         order = list(range(len(subjects)))
         random.Random(f"mmlu-ranks-{seed}").shuffle(order)
+        if self.popularity.item is not None:
+            names = [s.name for s in subjects]
+            if self.popularity.item not in names:
+                raise ValueError(f"unknown subject {self.popularity.item!r}")
+            top = names.index(self.popularity.item)
+            order.remove(top)
+            order.insert(0, top)
         self.ranked = [subjects[i].name for i in order]
         """Subject names by popularity rank, most popular first."""
         weights = self.popularity.weights(len(subjects))
@@ -112,6 +140,7 @@ class MMLUWorkload:
         self.weights = by_subject
         """Probability of each subject (in ``subjects`` order)."""
         self._choice = WeightedChoice(by_subject)
+        self._cycles: dict[int, list[int]] = {}
 
     def header(self, subject_index: int) -> str:
         return self._headers[subject_index]
@@ -122,8 +151,16 @@ class MMLUWorkload:
         return Prompt(subject.name, (self._headers[subject_index], question), output_tokens=self.output_tokens)
 
     def draw(self, rng: random.Random) -> Prompt:
+        """A subject by popularity, then its next question: each subject's
+        questions come in a shuffled cycle, so a question repeats only after
+        all the others of its subject were asked."""
         i = self._choice.draw(rng)
-        return self.prompt(i, rng.randrange(len(self.subjects[i].test)))
+        cycle = self._cycles.get(i)
+        if not cycle:
+            cycle = list(range(len(self.subjects[i].test)))
+            rng.shuffle(cycle)
+            self._cycles[i] = cycle
+        return self.prompt(i, cycle.pop())
 
     def prompts(self, n: int, rng: random.Random) -> list[Prompt]:
         return [self.draw(rng) for _ in range(n)]

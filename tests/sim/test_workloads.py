@@ -25,7 +25,7 @@ def subjects():  # type: ignore[no-untyped-def]
 
 def test_packaged_subset_is_complete(subjects) -> None:  # type: ignore[no-untyped-def]
     assert len(subjects) == 57
-    assert all(len(s.dev) == 5 and len(s.test) == 20 for s in subjects)
+    assert all(len(s.dev) == 5 and len(s.test) == 100 for s in subjects)
     algebra = next(s for s in subjects if s.name == "abstract_algebra")
     assert algebra.dev[0].question.startswith("Find all c in Z_3") and algebra.dev[0].answer == "B"
 
@@ -57,10 +57,18 @@ def test_zipf_popularity(subjects, s: float) -> None:  # type: ignore[no-untyped
         assert counts[wl.ranked[0]] > 3 * counts[wl.ranked[9]]
 
 
+def test_questions_repeat_only_after_the_whole_pool(subjects) -> None:  # type: ignore[no-untyped-def]
+    wl = MMLUWorkload(subjects[:1], seed=1)
+    seen = [p.parts[1] for p in wl.prompts(250, random.Random(4))]
+    assert len(set(seen[:100])) == 100 and set(seen[100:200]) == set(seen[:100])
+
+
 def test_hot_popularity_and_bad_specs(subjects) -> None:  # type: ignore[no-untyped-def]
-    wl = MMLUWorkload(subjects, parse_popularity("hot:0.7"), seed=2)
+    wl = MMLUWorkload(subjects, parse_popularity("hot:0.7:virology"), seed=2)
     counts = Counter(p.label for p in wl.prompts(5000, random.Random(1)))
-    assert counts[wl.ranked[0]] / 5000 == pytest.approx(0.7, abs=0.03)
+    assert wl.ranked[0] == "virology" and counts["virology"] / 5000 == pytest.approx(0.7, abs=0.03)
+    with pytest.raises(ValueError, match="unknown subject"):
+        MMLUWorkload(subjects, parse_popularity("hot:0.7:astrology"))
     for bad in ("zipf", "zipf:-1", "hot:1.5", "pareto:1", "uniform:2"):
         with pytest.raises(ValueError):
             parse_popularity(bad)
