@@ -53,8 +53,14 @@ class TrustConfig:
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
     policy: str = "cost"
-    busy_queue_ms: float = 4000.0
-    """A node whose queued prefill exceeds this much work says it is busy."""
+    busy_queue_ms: float = 15000.0
+    """A node whose queued prefill exceeds this much work says it is busy.
+
+    15 s, not less: at 4 s the valve fired on ordinary queues (two cold
+    five-shot MMLU prompts) and the forced cold recomputes cost 18 % mean
+    TTFT at moderate load; 15 s still cuts the p99 of a hot-subject hotspot
+    under the paper policy from 31 s to 17 s (simulator, docs/results.md,
+    issue 6)."""
     busy_backoff_s: float = 2.0
     """How long peers stay away from a node that said it was busy."""
     gossip: GossipConfig = field(default_factory=GossipConfig)

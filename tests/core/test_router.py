@@ -83,4 +83,4 @@ def test_overclaiming_peer_loses_trust_then_recovers() -> None:
 def test_busy_threshold() -> None:
     a, _ = pair()
     assert not a.is_busy(Load(100, 4.0))
-    assert a.is_busy(Load(2000, 4.0))
+    assert a.is_busy(Load(5000, 4.0))  # 20 s of queued prefill
