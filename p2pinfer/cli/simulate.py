@@ -72,7 +72,7 @@ def simulate(
     cache_tokens: int = typer.Option(10_000, min=0, help="KV cache budget per node, in tokens."),
     loss: float = typer.Option(0.0, min=0.0, max=0.99, help="Gossip loss probability per message and receiver."),
     busy_valve: bool = typer.Option(True, "--busy-valve/--no-busy-valve", help="Nodes over the busy threshold refuse forwards."),
-    busy_queue_ms: float = typer.Option(4000.0, min=0.0, help="Queued prefill (ms) above which a node is busy."),
+    busy_queue_ms: float = typer.Option(15000.0, min=0.0, help="Queued prefill (ms) above which a node is busy."),
     delta_interval: float = typer.Option(0.25, min=0.001, help="Seconds between digest deltas."),
     full_interval: float = typer.Option(5.0, min=0.001, help="Seconds between full digests."),
     load_interval: float = typer.Option(1.0, min=0.001, help="Seconds between load reports."),

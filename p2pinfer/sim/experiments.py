@@ -386,16 +386,19 @@ def specialisation(out: Path, *, seeds: int = 1, requests: int = 6000, quick: bo
 
 
 HOT_SHARE = 0.7
-HOT_RATE_PER_NODE = 1.0
+HOT_SUBJECT = "professional_medicine"
+"""Long questions (188 tokens on average): 0.82 s of warm prefill each, so
+2.1 hot requests per second need about 1.7 nodes."""
+HOT_RATE_PER_NODE = 0.75
 
 
 def hotspot(out: Path, *, seeds: int = 3, requests: int = 3000, quick: bool = False, progress: Progress | None = None) -> dict[str, Any]:
     """One very hot subject; p99 and load imbalance with and without the busy valve."""
     policies = ["cost", "paper", "least-loaded", "local", "oracle"]
-    valves = {"valve off": (False, 4000.0), "valve 4 s (default)": (True, 4000.0), "valve 15 s": (True, 15000.0)}
+    valves = {"valve off": (False, 15000.0), "valve 4 s (old default)": (True, 4000.0), "valve 15 s (default)": (True, 15000.0)}
     if quick:
         seeds = min(seeds, 1)
-    spec = WorkloadSpec(requests=requests, popularity=f"hot:{HOT_SHARE:g}", rate=4 * HOT_RATE_PER_NODE)
+    spec = WorkloadSpec(requests=requests, popularity=f"hot:{HOT_SHARE:g}:{HOT_SUBJECT}", rate=4 * HOT_RATE_PER_NODE)
     runner = _Runner(progress, seeds * len(policies) * len(valves))
     rows = []
     for seed in range(1, seeds + 1):
@@ -421,10 +424,10 @@ def hotspot(out: Path, *, seeds: int = 3, requests: int = 3000, quick: bool = Fa
     axes[0].set_yscale("log")
     axes[1].set_yscale("log")
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"Hotspot: one subject gets {HOT_SHARE:.0%} of {4 * HOT_RATE_PER_NODE:g} req/s on 4 nodes, mean of {seeds} seeds")
+    fig.suptitle(f"Hotspot: {HOT_SUBJECT} gets {HOT_SHARE:.0%} of {4 * HOT_RATE_PER_NODE:g} req/s on 4 nodes, mean of {seeds} seeds")
     data = {
         "experiment": "hotspot",
-        "setting": {**BASE_SETTING, "rate_per_node_per_s": HOT_RATE_PER_NODE, "hot_share": HOT_SHARE, "requests_per_run": requests, "seeds": seeds, "valves": {k: {"busy_valve": v[0], "busy_queue_ms": v[1]} for k, v in valves.items()}},
+        "setting": {**BASE_SETTING, "rate_per_node_per_s": HOT_RATE_PER_NODE, "hot_share": HOT_SHARE, "hot_subject": HOT_SUBJECT, "requests_per_run": requests, "seeds": seeds, "valves": {k: {"busy_valve": v[0], "busy_queue_ms": v[1]} for k, v in valves.items()}},
         "summary": agg,
         "runs": rows,
     }

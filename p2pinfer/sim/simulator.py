@@ -96,7 +96,7 @@ class SimConfig:
     cache_tokens: int = 10_000
     """Per node KV cache budget (SmolLM2: about 23 KB per token, so 230 MB)."""
     busy_valve: bool = True
-    busy_queue_ms: float = 4000.0
+    busy_queue_ms: float = RouterConfig().busy_queue_ms
     busy_backoff_s: float = 2.0
     gossip: GossipConfig = field(default_factory=GossipConfig)
     instant_gossip: bool = False

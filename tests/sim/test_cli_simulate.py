@@ -72,4 +72,4 @@ def test_experiment_writes_json_and_png(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert (tmp_path / "hotspot.json").exists() and (tmp_path / "hotspot.png").stat().st_size > 10_000
-    assert {r["valve"] for r in data["runs"]} == {"valve off", "valve 4 s (default)", "valve 15 s"}
+    assert {r["valve"] for r in data["runs"]} == {"valve off", "valve 4 s (old default)", "valve 15 s (default)"}
