@@ -79,6 +79,15 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def _check_text(value: str, param: str) -> str:
+    """JSON may carry lone UTF-16 surrogates ("\\ud800"), which no tokenizer can encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, f"'{param}' contains an unpaired surrogate (invalid Unicode)", param=param) from None
+    return value
+
+
 def _get(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...], default: Any) -> Any:
     value = body.get(key, default)
     if value is None:
@@ -123,6 +132,8 @@ def _params(body: Mapping[str, Any], default_max_tokens: int) -> GenerationParam
         raise ApiError(400, "'stop' must be a string or a list of strings", param="stop")
     if len(stop) > 4 or any(not s or len(s) > 64 for s in stop):
         raise ApiError(400, "'stop' takes at most 4 strings of 1..64 characters", param="stop")
+    for s in stop:
+        _check_text(s, "stop")
     for unsupported in ("logprobs", "echo", "best_of", "suffix", "tools", "functions", "logit_bias"):
         value = body.get(unsupported)
         if value not in (None, False, 0, 1, {}, []) or (unsupported in ("tools", "functions") and value):
@@ -163,6 +174,7 @@ def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
         raise ApiError(400, "'prompt' is empty", param="prompt")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise ApiError(413, f"'prompt' of {len(prompt)} characters exceeds {MAX_PROMPT_CHARS}", param="prompt", code="prompt_too_large")
+    _check_text(prompt, "prompt")
     return CompletionRequest(model, prompt, _params(body, 16), stream)
 
 
@@ -191,6 +203,7 @@ def parse_chat(body: Mapping[str, Any]) -> ChatRequest:
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be a string", param="messages")
         total += len(content)
+        _check_text(content, "messages")
         messages.append({"role": "system" if role == "developer" else role, "content": content})
     if total > MAX_PROMPT_CHARS:
         raise ApiError(413, f"messages of {total} characters exceed {MAX_PROMPT_CHARS}", param="messages", code="prompt_too_large")

@@ -33,6 +33,7 @@ COMMAND_MODULES = [
     "p2pinfer.cli.swarm_cmd",
     "p2pinfer.cli.demo_cmd",
     "p2pinfer.cli.bench_load",
+    "p2pinfer.cli.bench_fuzz",
     "p2pinfer.cli.simulate",
 ]
 

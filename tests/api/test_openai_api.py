@@ -86,6 +86,7 @@ async def test_models_lists_the_model(api: Api) -> None:
         (b'{"prompt": "x", "n": 3}', 400, "n"),
         (b'{"prompt": "x", "model": "gpt-9"}', 404, "model"),
         (b'{"prompt": "x", "max_tokens": 8192}', 413, "prompt"),
+        (b'{"prompt": "\\ud800"}', 400, "prompt"),
     ],
 )
 async def test_bad_requests_get_openai_errors(api: Api, body: bytes, status: int, param: str | None) -> None:
