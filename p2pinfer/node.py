@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, aclosing
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 import logging
 import secrets
 import threading
@@ -116,14 +116,10 @@ class GenerateResult:
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k not in ("record", "attempts", "decision")}
-        out["record"] = dict(self.record.__dict__) if hasattr(self.record, "__dict__") else _record_dict(self.record)
+        out["record"] = asdict(self.record)
         out["attempts"] = [a.as_dict() for a in self.attempts]
         out["decision"] = self.decision.as_dict() if self.decision else None
         return out
-
-
-def _record_dict(record: GenerationRecord) -> dict[str, Any]:
-    return {name: getattr(record, name) for name in record.__slots__}  # type: ignore[attr-defined]
 
 
 class Node:

@@ -35,7 +35,11 @@ class NodeConfig:
     bootstrap: tuple[str, ...] = ()
     """Multiaddrs with ``/p2p/<peer id>`` of nodes to join through."""
     mdns: bool = False
-    """Also find peers on the local link by multicast DNS (LAN only)."""
+    """Also find peers on the local link by multicast DNS.
+
+    Works where multicast reaches the other hosts: one LAN segment or one
+    machine. It does not cross routers, and most cloud networks and
+    container bridges drop multicast; use ``bootstrap`` there."""
     identity_file: str | None = None
     """Ed25519 key file (created 0600 when missing); ``None`` = new identity each start."""
     engine: str = "simulated"

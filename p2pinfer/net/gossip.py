@@ -118,8 +118,10 @@ class GossipService:
         subscription = await self.pubsub.subscribe(self.topic)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_loop, subscription)
-            await self.publish_full()
+            # Load first: it carries our addresses, so a peer that hears of
+            # our digest (and may route to us) can already dial us.
             await self.publish_load()
+            await self.publish_full()
             nursery.start_soon(self._delta_loop)
             nursery.start_soon(self._full_loop)
             nursery.start_soon(self._load_loop)

@@ -35,18 +35,19 @@ class Cluster:
         return self.nodes[name]
 
     def wait_full_view(self, names: list[str], timeout_s: float = 20.0) -> None:
-        """Until every named node sees every other one as eligible."""
+        """Until every named node sees every other one as eligible, and is connected to it."""
         ids = {n: self.nodes[n].peer_id for n in names}
 
         def done() -> bool:
             for n in names:
                 view = self.nodes[n].call("view")
+                connected = set(self.nodes[n].call("status")["connected_peers"])
                 for other in names:
-                    if other != n and not view.get(ids[other], {}).get("eligible"):
+                    if other != n and not (view.get(ids[other], {}).get("eligible") and ids[other] in connected):
                         return False
             return True
 
-        wait_until(done, timeout_s, interval_s=0.1, what=f"full view among {names}")
+        wait_until(done, timeout_s, interval_s=0.1, what=f"full view and full mesh among {names}")
 
     def close(self) -> dict[str, int]:
         codes = {}
