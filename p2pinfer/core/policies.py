@@ -66,6 +66,13 @@ class Candidate:
     queue_ms: float = 0.0
     prefill_ms: float = 0.0
     digest_age_s: float | None = None
+    score_ms: float | None = None
+    """What ``cost`` ranks by: ``est_ttft_ms`` plus ``work_weight`` x prefill
+    (see :class:`CostModel`); ``None`` means ``est_ttft_ms``."""
+
+    @property
+    def score(self) -> float:
+        return self.est_ttft_ms if self.score_ms is None else self.score_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +144,16 @@ class CostModel:
     """Assumed for a peer whose RTT was never measured."""
     stale_load_s: float = 30.0
     """Reported load older than this is ignored (assumed idle)."""
+    work_weight: float = 0.0
+    """Extra weight of the prefill work a candidate would do, on top of the
+    request's own wait for it: work done also delays whoever queues behind
+    it. 0 ranks by time to first token alone (greedy per request). The
+    simulator found that greedy recomputes cold whenever the prefix holder
+    has a queue, and at 0.5 req/s per node (4 nodes, MMLU) that extra work
+    saturated the swarm (mean TTFT 19 s) where a weight of 1 kept it at
+    1.8 s; 1 also means forwarding across an RTT of up to twice the prefill
+    it saves. Left at 0 here so that the documented rule holds; see
+    docs/results.md (issue 6)."""
     drain_reported_queue: bool = True
     """A peer has been working through its reported queue since it reported
     it (one request at a time, at its prefill speed): subtract that work.
@@ -158,14 +175,16 @@ class CostModel:
         ms = load.prefill_ms_per_token
         queue_ms = load.queued_prefill_tokens * ms
         prefill_ms = uncached * ms
+        est = rtt_ms + queue_ms + prefill_ms
         return Candidate(
             target=target,
             predicted_match_tokens=match_tokens,
-            est_ttft_ms=rtt_ms + queue_ms + prefill_ms,
+            est_ttft_ms=est,
             rtt_ms=rtt_ms,
             queue_ms=queue_ms,
             prefill_ms=prefill_ms,
             digest_age_s=digest_age_s,
+            score_ms=est + self.work_weight * prefill_ms if self.work_weight else None,
         )
 
 
@@ -267,13 +286,13 @@ class CostPolicy:
         local_c = _local_candidate(self.model, request, local) if local.can_serve else None
         # Unmatched peers can only win on queue time; a few cheapest suffice.
         peers = _matched_candidates(self.model, request, view, now, self.spare_peers)
-        ranked = sorted(peers + ([local_c] if local_c else []), key=lambda c: (c.est_ttft_ms, c.target))
+        ranked = sorted(peers + ([local_c] if local_c else []), key=lambda c: (c.score, c.target))
         if not ranked:
             raise NoCandidateError("no peer can serve and this node has no engine")
         if local_c is not None:
             # Forwarding must be clearly cheaper than recomputing here.
-            margin = max(self.tie_ms, self.tie_ratio * local_c.est_ttft_ms)
-            better = [c for c in ranked if c.target != LOCAL and c.est_ttft_ms + margin < local_c.est_ttft_ms]
+            margin = max(self.tie_ms, self.tie_ratio * local_c.score)
+            better = [c for c in ranked if c.target != LOCAL and c.score + margin < local_c.score]
             if not better:
                 rest = [c for c in ranked if c.target != LOCAL]
                 return _decision(
@@ -281,16 +300,16 @@ class CostPolicy:
                     [local_c, *rest],
                     f"local: no peer beats recompute here ({local_c.est_ttft_ms:.1f} ms) by {margin:.1f} ms",
                 )
-            worse = [c for c in ranked if c.target != LOCAL and c.est_ttft_ms + margin >= local_c.est_ttft_ms]
+            worse = [c for c in ranked if c.target != LOCAL and c.score + margin >= local_c.score]
             ranked = better + [local_c] + worse
         else:
             better = ranked
         best = ranked[0]
-        band = max(self.tie_ms, self.tie_ratio * best.est_ttft_ms)
+        band = max(self.tie_ms, self.tie_ratio * best.score)
         # Only peers that already beat local recompute may share the tie.
-        ties = [c for c in better if c.est_ttft_ms <= best.est_ttft_ms + band]
+        ties = [c for c in better if c.score <= best.score + band]
         if len(ties) > 1:
-            weights = [1.0 / (1.0 + c.est_ttft_ms - best.est_ttft_ms) for c in ties]
+            weights = [1.0 / (1.0 + c.score - best.score) for c in ties]
             pick = rng.choices(ties, weights=weights, k=1)[0]
             ranked = [pick] + [c for c in ranked if c is not pick]
         chosen = ranked[0]
