@@ -73,6 +73,9 @@ def simulate(
     loss: float = typer.Option(0.0, min=0.0, max=0.99, help="Gossip loss probability per message and receiver."),
     busy_valve: bool = typer.Option(True, "--busy-valve/--no-busy-valve", help="Nodes over the busy threshold refuse forwards."),
     busy_queue_ms: float = typer.Option(15000.0, min=0.0, help="Queued prefill (ms) above which a node is busy."),
+    work_weight: float = typer.Option(
+        0.0, min=0.0, max=10.0, help="CostModel.work_weight for cost and oracle: weight of the prefill work itself."
+    ),
     delta_interval: float = typer.Option(0.25, min=0.001, help="Seconds between digest deltas."),
     full_interval: float = typer.Option(5.0, min=0.001, help="Seconds between full digests."),
     load_interval: float = typer.Option(1.0, min=0.001, help="Seconds between load reports."),
@@ -125,6 +128,7 @@ def simulate(
         cache_tokens=cache_tokens,
         busy_valve=busy_valve,
         busy_queue_ms=busy_queue_ms,
+        work_weight=work_weight,
         gossip=GossipConfig(delta_interval, full_interval, load_interval, peer_ttl),
         topic_size=topic_size,
         churn_interval_s=churn_interval,

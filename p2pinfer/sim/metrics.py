@@ -109,6 +109,7 @@ def summarise(sim: Simulator, wall_s: float) -> dict[str, Any]:
             "forward_cost": "2 one-way hops: request out, first token back",
             "loss": cfg.loss,
             "cache_tokens_per_node": cfg.cache_tokens,
+            "work_weight": cfg.work_weight,
             "busy_valve": cfg.busy_valve,
             "busy_queue_ms": cfg.busy_queue_ms,
             "busy_backoff_s": cfg.busy_backoff_s,

@@ -44,7 +44,7 @@ from ..core.blocks import BlockHasher, ModelFingerprint
 from ..core.costmodel import EngineCostModel
 from ..core.digest import Digest, decode_digest
 from ..core.peers import Load
-from ..core.policies import LOCAL, POLICIES, make_policy
+from ..core.policies import LOCAL, POLICIES, CostModel, CostPolicy
 from ..core.radix import RadixTree
 from ..core.router import GossipConfig, Router, RouterConfig, TrustConfig
 from ..workloads.base import PromptEncoder, TimedRequest
@@ -116,6 +116,8 @@ class SimConfig:
     warmup: float = 0.1
     """Share of the first arrivals left out of the statistics (cold caches)."""
     cost: EngineCostModel = field(default_factory=EngineCostModel)
+    work_weight: float = 0.0
+    """CostModel.work_weight of the cost and oracle policies (0: the core default)."""
     trust: TrustConfig = field(default_factory=TrustConfig)
     seed: int = 1
     record_decisions: bool = False
@@ -317,8 +319,10 @@ class Simulator:
         router = Router(node_id, self.fingerprint, cache, config=self.router_config, seed=self.config.seed * 1_000_003 + idx)
         topic = self._assign_topic()
         node = SimNode(idx, node_id, router, self.config.cost, topic, self.now)
+        if self.config.policy == "cost" and self.config.work_weight:
+            router.policy = self._cost_rule()
         if self.config.policy == "oracle":
-            router.policy = OraclePolicy(self, node)
+            router.policy = OraclePolicy(self, node, self._cost_rule())
         self.nodes.append(node)
         self.by_id[node_id] = node
         self.alive.append(node)
@@ -347,6 +351,9 @@ class Simulator:
                 continue
             other.router.on_digest(mine, now)
             node.router.on_digest(decode_digest(other.router.full_digest()), now)
+
+    def _cost_rule(self) -> CostPolicy:
+        return CostPolicy(model=CostModel(work_weight=self.config.work_weight))
 
     # -- gossip --------------------------------------------------------------
     def _publish(self, src: SimNode, kind: str, obj: Any, payload_len: int, wire_len: int) -> None:
@@ -476,7 +483,7 @@ class Simulator:
             rng = random.Random()
             rng.setstate(router.rng.getstate())
             saved = router.policy
-            router.policy = OraclePolicy(self, node)
+            router.policy = OraclePolicy(self, node, self._cost_rule())
             saved_rng, router.rng = router.rng, rng
             oracle_decision, _ = router.route(req.tokens, node.load(), now)
             router.policy, router.rng = saved, saved_rng

@@ -12,6 +12,7 @@ was used.
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Callable
 import contextlib
 from dataclasses import dataclass
@@ -91,6 +92,10 @@ def _model_tokenizer() -> WorkloadTokenizer | None:
             llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
     except Exception:  # an unusable build or file: fall back, the output says so
         return None
+
+    close = getattr(llm, "close", None)
+    if close is not None:  # free it before interpreter teardown, when its destructor fails noisily
+        atexit.register(close)
 
     def encode(text: str, bos: bool) -> list[int]:
         return list(llm.tokenize(text.encode("utf-8"), add_bos=bos, special=False))

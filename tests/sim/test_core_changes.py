@@ -1,4 +1,4 @@
-"""The core change of issue 6: a peer's reported queue drains with its age."""
+"""Core changes of issue 6: queue drain with report age; the work weight."""
 
 from __future__ import annotations
 
@@ -38,3 +38,21 @@ def test_drain_can_be_switched_off_and_never_goes_negative() -> None:
     policy, view, request = setup(drain=True)
     d = policy.decide(request, local, view, 20.0, random.Random(1))
     assert d.target == "peer" and d.candidates[0].queue_ms == 0
+
+
+def test_work_weight_counts_prefill_work_twice() -> None:
+    """The holder saves 2,400 ms of prefill at an RTT of 3,000 ms."""
+    hasher = BlockHasher(FP)
+    hashes = hasher.hashes(PROMPT)
+    view = PeerView(FP.hex(), "self")
+    view.apply_digest(Digest("full", "peer", FP.hex(), 1, 0, frozenset(hashes)), 0.0)
+    view.update_load("peer", Load(0, 4.0, 0), 0.0)
+    view.set_rtt("peer", 3000.0, 0.0)
+    request = RouteRequest(len(PROMPT), hashes, 16)
+    local = LocalState("self", 40, Load(0, 4.0, 0))  # 600 of 640 tokens to prefill here
+    greedy = CostPolicy().decide(request, local, view, 0.0, random.Random(1))
+    assert greedy.is_local
+    weighted = CostPolicy(model=CostModel(work_weight=1.0)).decide(request, local, view, 0.0, random.Random(1))
+    assert weighted.target == "peer"
+    assert weighted.est_ttft_ms == weighted.candidates[0].est_ttft_ms == 3000.0 + 4.0  # still a TTFT estimate
+    assert weighted.candidates[0].score == 3000.0 + 2 * 4.0
