@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 import math
+import re
 
 from google.protobuf.message import DecodeError
 
@@ -30,6 +31,8 @@ __all__ = [
     "LoadInfo",
     "RemoteError",
     "WireError",
+    "fingerprint_in_message",
+    "mismatch_message",
 ]
 
 WIRE_VERSION = 1
@@ -54,10 +57,31 @@ ERROR_CODES: dict[int, str] = {
 class WireError(Exception):
     """A message we received is invalid; ``code`` is the answer to give."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, fingerprint: str | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.fingerprint = fingerprint
+        """For MODEL_MISMATCH: the fingerprint the sender claimed."""
+
+
+def mismatch_message(ours: str, theirs: str | None = None) -> str:
+    """The text of a MODEL_MISMATCH error: it always names the refusing node's fingerprint.
+
+    The requester learns from it which model the peer runs (for its log and
+    status) without a new message type: see :func:`fingerprint_in_message`.
+    """
+    tail = "" if theirs is None else f", not {theirs[:64]!r}"
+    return f"this node serves model fingerprint {ours}{tail}"
+
+
+_FP_RE = re.compile(r"model fingerprint ([0-9a-f]{1,64})")
+
+
+def fingerprint_in_message(message: str) -> str | None:
+    """The fingerprint a MODEL_MISMATCH message names, or ``None``."""
+    found = _FP_RE.search(message)
+    return found.group(1) if found else None
 
 
 class RemoteError(Exception):
@@ -73,9 +97,11 @@ class RemoteError(Exception):
 class GossipRejected(Exception):
     """A gossip message failed validation; ``reason`` is a short metric label."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", *, fingerprint: str | None = None) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        self.fingerprint = fingerprint
+        """For ``other-model``: the fingerprint the message claimed."""
 
 
 # -- generation parameters ---------------------------------------------------------
@@ -164,7 +190,7 @@ def decode_request(data: bytes, *, fingerprint: str, max_hops: int, max_tokens: 
         raise WireError("BAD_REQUEST", f"request version {msg.version}; this node speaks {WIRE_VERSION}")
     if msg.model_fingerprint != fingerprint:
         raise WireError(
-            "MODEL_MISMATCH", f"this node serves model fingerprint {fingerprint}, not {msg.model_fingerprint!r}"
+            "MODEL_MISMATCH", mismatch_message(fingerprint, msg.model_fingerprint), fingerprint=msg.model_fingerprint[:64]
         )
     if not 1 <= msg.hops <= max_hops:
         raise WireError("HOP_LIMIT", f"request has taken {msg.hops} hops; at most {max_hops} allowed")
@@ -302,7 +328,7 @@ def load_from_pb(msg: pb.LoadReport, *, sender: str, fingerprint: str) -> LoadIn
     if msg.node_id != sender:
         raise GossipRejected("spoofed", f"load report for {msg.node_id!r} signed by {sender}")
     if msg.model_fingerprint != fingerprint:
-        raise GossipRejected("other-model", f"fingerprint {msg.model_fingerprint!r}")
+        raise GossipRejected("other-model", f"fingerprint {msg.model_fingerprint!r}", fingerprint=msg.model_fingerprint[:64])
     ms = msg.prefill_ms_per_token
     if not (math.isfinite(ms) and 0.0 <= ms <= 1e5):
         raise GossipRejected("malformed", "prefill_ms_per_token out of range")
@@ -348,7 +374,7 @@ def decode_gossip(data: bytes, *, sender: str, fingerprint: str) -> Digest | Loa
         if digest.node_id != sender:
             raise GossipRejected("spoofed", f"digest of {digest.node_id!r} signed by {sender}")
         if digest.fingerprint != fingerprint:
-            raise GossipRejected("other-model", f"fingerprint {digest.fingerprint!r}")
+            raise GossipRejected("other-model", f"fingerprint {digest.fingerprint!r}", fingerprint=digest.fingerprint)
         return digest
     if kind == "load":
         return load_from_pb(msg.load, sender=sender, fingerprint=fingerprint)
@@ -397,7 +423,7 @@ def decode_pull_response(data: bytes, *, sender: str, fingerprint: str) -> PullR
     if digest.node_id != sender:
         raise GossipRejected("spoofed", f"pulled digest of {digest.node_id!r} from {sender}")
     if digest.fingerprint != fingerprint:
-        raise GossipRejected("other-model", f"fingerprint {digest.fingerprint!r}")
+        raise GossipRejected("other-model", f"fingerprint {digest.fingerprint!r}", fingerprint=digest.fingerprint)
     load = load_from_pb(msg.load, sender=sender, fingerprint=fingerprint) if msg.HasField("load") else None
     peers: list[tuple[str, tuple[str, ...]]] = []
     for rec in msg.peers[:MAX_PEER_RECORDS]:
