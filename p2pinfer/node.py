@@ -38,7 +38,9 @@ from .engines.registry import load_engine
 from .net.config import NodeConfig
 from .net.counters import NodeCounters
 from .net.forward import GENERATE_PROTOCOL, DeadlineExceeded, ForwardClient, ForwardFailed, ForwardServer
-from .net.wire import Done, RemoteError, encode_request
+from .net.other_models import OtherModels
+from .net.sanctions import PeerSanctions
+from .net.wire import Done, RemoteError, encode_request, fingerprint_in_message
 
 __all__ = [
     "Attempt",
@@ -176,7 +178,13 @@ class Node:
             stack.push_async_callback(self.engine.aclose)
         key_pair = load_or_create_identity(config.identity_file)
         self.peer_id = ID.from_pubkey(key_pair.public_key).to_base58()
-        self.router = Router(
+        router_cls = Router
+        if config.debug_overclaim:  # a lying node, for tests and `bench liar` only
+            from .net.lying import LyingRouter
+
+            router_cls = LyingRouter
+            log.warning("debug_overclaim: this node advertises prefixes it does not hold (test only)")
+        self.router = router_cls(
             self.peer_id,
             self.engine.fingerprint,
             self.engine.cache,
@@ -187,6 +195,8 @@ class Node:
         self._libp2p = build_stack(config, key_pair, self.topic)
         host = self._libp2p.host
         self.host = host
+        self.other_models = OtherModels(self.router.fingerprint_hex)
+        self.sanctions = PeerSanctions(self._libp2p.gossipsub.scorer, config.router.trust.distrust_s)
 
         self.forward_server = ForwardServer(
             engine=self.engine,
@@ -195,6 +205,7 @@ class Node:
             counters=self.counters,
             self_id=self.peer_id,
             is_busy=self.is_busy,
+            other_models=self.other_models,
         )
         self.forward_client = ForwardClient(host=host, config=config, counters=self.counters)
         self.gossip = GossipService(
@@ -208,6 +219,8 @@ class Node:
             is_busy=self.is_busy,
             on_heard=lambda peer, addrs: self.membership.learn(peer, addrs),
             want_pull=self._want_pull,
+            sanctions=self.sanctions,
+            other_models=self.other_models,
         )
         self.membership = Membership(
             host=host,
@@ -215,7 +228,7 @@ class Node:
             config=config,
             counters=self.counters,
             self_id=self.peer_id,
-            on_meet=lambda peer: self.puller.want(peer),
+            on_meet=self._on_meet,
             on_gone=self.forward_client.drop_peer,
         )
         self.puller = DigestPuller(
@@ -226,6 +239,8 @@ class Node:
             known_peers=self.membership.known_peers,
             learn=self.membership.learn,
             timeout_s=config.connect_timeout_s,
+            sanctions=self.sanctions,
+            other_models=self.other_models,
         )
         host.set_stream_handler(GENERATE_PROTOCOL, self.forward_server.handle)
         host.set_stream_handler(PULL_PROTOCOL, self.puller.handle)
@@ -252,6 +267,11 @@ class Node:
 
     def _dial_addrs(self) -> list[str]:
         return [a.split("/p2p/")[0] for a in self.addrs]
+
+    def _on_meet(self, peer_id: str) -> None:
+        """A new connection: pull its digest, unless it is serving a sanction."""
+        if not self.sanctions.reapply(peer_id):
+            self.puller.want(peer_id)
 
     def _want_pull(self, peer_id: str, epoch: int, version: int) -> None:
         # Give an in-flight delta a moment before pulling the whole digest.
@@ -313,6 +333,10 @@ class Node:
             },
             "connected_peers": sorted(self.membership.connected()),
             "peers": peers,
+            "distrusted_peers": self.sanctions.remaining(),
+            "other_model_peers": self.other_models.as_dict(),
+            "streams_per_peer": dict(self.forward_server.streams),
+            "debug_overclaim": self.config.debug_overclaim,
             "counters": self.counters.as_dict(),
         }
 
@@ -453,9 +477,12 @@ class Node:
         else:
             self.counters.served_remote += 1
             if served.resumed_tokens == 0:
-                self.router.on_forward_result(
-                    served.target, served.predicted_reused_tokens, record.reused_tokens, time.monotonic()
-                )
+                predicted, realised = served.predicted_reused_tokens, record.reused_tokens
+                if self.router.on_forward_result(served.target, predicted, realised, time.monotonic()):
+                    self.counters.peers_distrusted += 1
+                    self.sanctions.distrust(
+                        served.target, f"it advertised {predicted} cached prompt tokens and reused {realised}"
+                    )
         reason = decision.reason
         if len(attempts) > 1:
             reason += f"; served by attempt {len(attempts)} after " + ", ".join(
@@ -523,9 +550,11 @@ class Node:
         if exc.code == "BUSY":
             self.router.on_busy_refusal(peer_id, now)
         elif exc.code == "MODEL_MISMATCH":
-            # Its gossip claimed our model; its answer says otherwise.
-            self.router.view.forget_cache(peer_id)
-            self.router.on_busy_refusal(peer_id, now)
+            # Its engine runs another model (whatever its gossip claimed):
+            # out of the view, its gossip refused from now on.
+            self.other_models.note(peer_id, fingerprint_in_message(exc.message), "its answer to a forwarded request")
+            self.router.on_peer_gone(peer_id)
+            return
         log.info("peer %s refused: %s %s", peer_id, exc.code, exc.message)
 
     async def _serve_local(

@@ -55,6 +55,9 @@ class NodeConfig:
     max_frame_bytes: int = MAX_FRAME_BYTES
     max_inflight_forwards: int = 64
     """Forwarded requests this node serves at once before it answers BUSY."""
+    max_streams_per_peer: int = 32
+    """Generate streams one peer may hold open to this node; the next one is answered
+    BUSY ("too many streams") and closed, so one peer cannot take every slot."""
     max_attempts: int = 3
     """Peers an origin tries for one request before it serves locally."""
     max_peers: int = 64
@@ -67,6 +70,10 @@ class NodeConfig:
     stream_idle_s: float = 30.0
     """Idle forwarding streams are closed after this (the serving side waits twice as long)."""
     rtt_interval_s: float = 2.0
+    debug_overclaim: bool = False
+    """TEST ONLY: make this node lie. It advertises, as its own, every block hash it
+    hears from its peers (prefixes it does not hold), to attract their traffic. Used
+    by the lying-peer tests and ``p2pinfer bench liar``; never set it on a real node."""
 
     def __post_init__(self) -> None:
         if not self.listen:
@@ -80,7 +87,7 @@ class NodeConfig:
             raise ConfigError("max_hops must be in 1..4")
         if not 4096 <= self.max_frame_bytes <= 64 << 20:
             raise ConfigError("max_frame_bytes must be in 4 KiB..64 MiB")
-        for name in ("max_inflight_forwards", "max_attempts", "max_peers"):
+        for name in ("max_inflight_forwards", "max_streams_per_peer", "max_attempts", "max_peers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
         for name in ("request_timeout_s", "stall_timeout_s", "connect_timeout_s", "stream_idle_s", "rtt_interval_s"):

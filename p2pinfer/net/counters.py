@@ -36,6 +36,10 @@ class NodeCounters:
     forward_failures: int = 0
     """Forwards lost to a transport failure (dead peer, reset stream, stall)."""
     frames_rejected: int = 0
+    streams_refused: int = 0
+    """Generate streams refused because their peer had ``max_streams_per_peer`` open."""
+    peers_distrusted: int = 0
+    """Sanctions this node imposed on peers whose forwards realised less than they claimed."""
     gossip_published: int = 0
     gossip_published_bytes: int = 0
     gossip_received: int = 0

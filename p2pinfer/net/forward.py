@@ -9,12 +9,17 @@ every exit path closes or resets the stream on both sides.
 
 The target has the last word on load: over its queue threshold, or at
 ``max_inflight_forwards``, it answers BUSY at once and the origin moves on.
+One peer may hold at most ``max_streams_per_peer`` generate streams open to
+a node; the next one is answered BUSY ("too many streams") and closed, so a
+single peer cannot take every forwarding slot. A stream that carried a BUSY
+answer is never pooled: the origin stays away from a busy peer anyway.
 A target never forwards again (``max_hops`` bounds what it accepts), so a
 request cannot loop.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 import logging
@@ -39,6 +44,7 @@ from ..engines.base import (
 from .config import NodeConfig
 from .counters import NodeCounters
 from .framing import FrameError, FrameReader, FrameTooLarge, StreamBroken, finish_stream, write_frame
+from .other_models import OtherModels
 from .wire import (
     RESPONSE_MAX_BYTES,
     Done,
@@ -85,6 +91,7 @@ class ForwardServer:
         counters: NodeCounters,
         self_id: str,
         is_busy: Callable[[], bool],
+        other_models: OtherModels | None = None,
     ) -> None:
         self.engine = engine
         self.router = router
@@ -92,9 +99,34 @@ class ForwardServer:
         self.counters = counters
         self.self_id = self_id
         self._is_busy = is_busy
+        self._other_models = other_models
         self.inflight = 0
+        self.streams: Counter[str] = Counter()
+        """Open generate streams per origin peer."""
 
     async def handle(self, stream: INetStream) -> None:
+        peer = _peer(stream)
+        self.streams[peer] += 1
+        try:
+            if self.streams[peer] > self.config.max_streams_per_peer:
+                await self._refuse_stream(stream, peer)
+                return
+            await self._handle(stream)
+        finally:
+            self.streams[peer] -= 1
+            if self.streams[peer] <= 0:
+                del self.streams[peer]
+
+    async def _refuse_stream(self, stream: INetStream, peer: str) -> None:
+        """Answer BUSY before reading anything, then close: the stream costs no buffer."""
+        self._refused("BUSY")
+        self.counters.streams_refused += 1
+        limit = self.config.max_streams_per_peer
+        msg = f"too many streams: {self.streams[peer] - 1} generate streams from {peer} are open; the limit is {limit} per peer"
+        ok = await _try_write(stream, encode_error("BUSY", msg))
+        await finish_stream(stream, ok)
+
+    async def _handle(self, stream: INetStream) -> None:
         reader = FrameReader(stream)
         ok = True
         try:
@@ -138,6 +170,8 @@ class ForwardServer:
             self.engine.validate_tokens(req.tokens, req.params)
         except WireError as exc:
             self._refused(exc.code, rejected_frame=exc.code == "BAD_REQUEST")
+            if exc.code == "MODEL_MISMATCH" and self._other_models is not None:
+                self._other_models.note(_peer(stream), exc.fingerprint, "a forwarded request")
             return await _try_write(stream, encode_error(exc.code, exc.message))
         except PromptTooLongError as exc:
             self._refused("TOO_LARGE")
@@ -266,7 +300,10 @@ class ForwardClient:
                     except WireError as exc:
                         raise ForwardFailed(f"malformed answer from {peer_id}: {exc.message}", started=True) from None
                     if isinstance(item, RemoteError):
-                        reusable = item.code != "TOO_LARGE"
+                        # After TOO_LARGE the target cannot resynchronise the
+                        # stream; after BUSY we stay away (and a stream-limit
+                        # refusal is closed by the target).
+                        reusable = item.code not in ("TOO_LARGE", "BUSY")
                         raise item
                     if isinstance(item, Done):
                         reusable = True

@@ -13,7 +13,10 @@ Anti-entropy in three layers, all driven by :class:`~p2pinfer.core.router.Router
 
 The validator runs before gossipsub relays anything: malformed, oversized,
 other-model, spoofed (payload names another node than the signer) and
-over-rate messages are dropped and counted, never relayed.
+over-rate messages are dropped and counted, never relayed; so is everything
+from a peer we distrust (:mod:`.sanctions`) or found to run another model
+(:mod:`.other_models`). A malformed, spoofed or oversized message that
+comes straight from its signer also lowers the signer's gossipsub score.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from ..core.digest import Digest
 from ..core.router import Router
 from ..engines.base import Engine
 from .counters import NodeCounters
+from .other_models import OtherModels
+from .sanctions import PeerSanctions
 from .wire import GOSSIP_MAX_BYTES, GossipRejected, LoadInfo, decode_gossip, encode_gossip_digest, encode_gossip_load, load_to_pb
 
 __all__ = ["GossipService"]
@@ -44,6 +49,8 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.05
 _MAX_MSGS_PER_ORIGIN_PER_S = 50
 _DECODED_CACHE = 1024
+_ATTRIBUTABLE = frozenset({"malformed", "spoofed", "oversized"})
+"""Rejections no honest node's message can earn (unlike "rate" or "version")."""
 
 
 class GossipService:
@@ -60,6 +67,8 @@ class GossipService:
         is_busy: Callable[[], bool],
         on_heard: Callable[[str, tuple[str, ...]], None],
         want_pull: Callable[[str, int, int], None],
+        sanctions: PeerSanctions | None = None,
+        other_models: OtherModels | None = None,
     ) -> None:
         self.pubsub = pubsub
         self.topic = topic
@@ -71,6 +80,8 @@ class GossipService:
         self._is_busy = is_busy
         self._on_heard = on_heard
         self._want_pull = want_pull
+        self._sanctions = sanctions
+        self._other_models = other_models
         self._decoded: OrderedDict[bytes, Digest | LoadInfo] = OrderedDict()
         self._rates: dict[str, deque[float]] = {}
         self._last_delta = 0.0
@@ -87,12 +98,20 @@ class GossipService:
         if sender == self.self_id:
             return True  # our own message (gossipsub already drops replays of it)
         try:
+            if self._sanctions is not None and self._sanctions.is_distrusted(sender):
+                raise GossipRejected("distrusted")
+            if self._other_models is not None and sender in self._other_models:
+                raise GossipRejected("other-model")
             if not self._within_rate(sender):
                 raise GossipRejected("rate")
             decoded = decode_gossip(msg.data, sender=sender, fingerprint=self.router.fingerprint_hex)
         except GossipRejected as exc:
             self.counters.gossip_rejected[exc.reason] += 1
             log.debug("gossip from %s rejected: %s", sender, exc)
+            if exc.fingerprint is not None and self._other_models is not None:
+                self._other_models.note(sender, exc.fingerprint, "gossip on our topic", conclusive=False)
+            if exc.reason in _ATTRIBUTABLE and forwarder == ID(msg.from_id) and self._sanctions is not None:
+                self._sanctions.invalid_gossip(sender)
             return False
         self._decoded[msg.from_id + msg.seqno] = decoded
         while len(self._decoded) > _DECODED_CACHE:

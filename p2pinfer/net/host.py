@@ -4,8 +4,9 @@ Choices made here, once: TCP transport, Noise as the *only* security
 protocol (py-libp2p also offers plaintext and secio by default, which a
 peer could otherwise negotiate), Yamux as the muxer, messages signed and
 checked (strict signing: a digest or load report always comes from the
-peer it names), and an optional pre-shared key (libp2p pnet) derived from
-the swarm secret so that outsiders cannot even complete a handshake.
+peer it names), gossipsub peer scoring driven by our own verdicts
+(:mod:`.sanctions`), and an optional pre-shared key (libp2p pnet) derived
+from the swarm secret so that outsiders cannot even complete a handshake.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
 from .config import ConfigError, NodeConfig
+from .sanctions import gossip_score_params
 
 __all__ = ["Libp2pStack", "derive_psk", "dialable_addrs", "digest_topic", "run_stack"]
 
@@ -118,6 +120,8 @@ def build_stack(config: NodeConfig, key_pair: KeyPair, topic: str) -> Libp2pStac
         max_messages_per_topic_per_second=1000.0,
         # Every peer of a loopback or single-NAT swarm shares one IP.
         eclipse_protection_enabled=False,
+        # Peer scoring: only penalties we impose (sanctions.py) lower a score.
+        score_params=gossip_score_params(),
     )
     pubsub = Pubsub(
         host,

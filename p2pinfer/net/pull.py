@@ -9,6 +9,9 @@ through one bootstrap peer meets the rest of the swarm at once.
 
 Only the responder's *own* digest is accepted (it is the stream's
 authenticated peer); what it says about others is limited to addresses.
+A pull is the first thing a node does with a peer it meets, so this is
+also where a peer of another model is found out (MODEL_MISMATCH, either
+way round). Peers we distrust are not pulled.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from ..core.router import Router
 from .counters import NodeCounters
 from .framing import FrameError, FrameReader, finish_stream, write_frame
 from .gossip import GossipService
+from .other_models import OtherModels
+from .sanctions import PeerSanctions
 from .wire import (
     PULL_REQUEST_MAX_BYTES,
     PULL_RESPONSE_MAX_BYTES,
@@ -39,6 +44,8 @@ from .wire import (
     encode_pull_error,
     encode_pull_request,
     encode_pull_response,
+    fingerprint_in_message,
+    mismatch_message,
 )
 
 __all__ = ["PULL_PROTOCOL", "DigestPuller"]
@@ -62,8 +69,12 @@ class DigestPuller:
         known_peers: Callable[[int], list[tuple[str, list[str]]]],
         learn: Callable[[str, tuple[str, ...]], None],
         timeout_s: float,
+        sanctions: PeerSanctions | None = None,
+        other_models: OtherModels | None = None,
     ) -> None:
         self.host = host
+        self._sanctions = sanctions
+        self._other_models = other_models
         self.router = router
         self.gossip = gossip
         self.counters = counters
@@ -90,7 +101,10 @@ class DigestPuller:
                     ok = True
                     return
                 if req.model_fingerprint != self.router.fingerprint_hex:
-                    msg = f"this node serves model fingerprint {self.router.fingerprint_hex}"
+                    if self._other_models is not None:
+                        peer = stream.muxed_conn.peer_id.to_base58()
+                        self._other_models.note(peer, req.model_fingerprint, "a digest pull request")
+                    msg = mismatch_message(self.router.fingerprint_hex)
                     await write_frame(stream, encode_pull_error("MODEL_MISMATCH", msg))
                     ok = True
                     return
@@ -142,6 +156,8 @@ class DigestPuller:
             await trio.sleep(max(0.0, earliest - time.monotonic()))
             if not self._still_behind(peer_id, epoch, version):
                 return
+            if self._sanctions is not None and self._sanctions.is_distrusted(peer_id):
+                return
             async with limiter:
                 self._last_pull[peer_id] = time.monotonic()
                 await self.pull(peer_id)
@@ -163,11 +179,18 @@ class DigestPuller:
             result = decode_pull_response(data, sender=peer_id, fingerprint=self.router.fingerprint_hex)
         except RemoteError as exc:
             self.counters.pulls_failed += 1
-            log.info("digest pull from %s refused: %s", peer_id, exc)
+            if exc.code == "MODEL_MISMATCH" and self._other_models is not None:
+                self._other_models.note(peer_id, fingerprint_in_message(exc.message), "its answer to a digest pull")
+                self.router.on_peer_gone(peer_id)
+            else:
+                log.info("digest pull from %s refused: %s", peer_id, exc)
             return False
         except GossipRejected as exc:
             self.counters.pulls_failed += 1
             self.counters.gossip_rejected[exc.reason] += 1
+            if exc.fingerprint is not None and self._other_models is not None:
+                self._other_models.note(peer_id, exc.fingerprint, "the digest it answered a pull with")
+                self.router.on_peer_gone(peer_id)
             log.info("digest pull from %s gave a bad answer: %s", peer_id, exc)
             return False
         except Exception as exc:  # dial errors, resets, timeouts: the peer may be gone
@@ -177,6 +200,8 @@ class DigestPuller:
         finally:
             if stream is not None:
                 await finish_stream(stream, ok)
+        if self._other_models is not None:
+            self._other_models.cleared(peer_id)
         now = time.monotonic()
         applied = self.router.on_digest(result.digest, now)
         if result.load is not None:

@@ -1,0 +1,51 @@
+"""TEST ONLY: a router that lies about its cache (``NodeConfig.debug_overclaim``).
+
+A lying node advertises, as its own, every block hash its peers advertise:
+it claims every prefix the swarm holds, to attract traffic it then serves
+cold. It exists so that tests and ``p2pinfer bench liar`` can run a real
+lying node process against honest ones and show the defence (trust in
+:meth:`~p2pinfer.core.router.Router.on_forward_result`, then
+:class:`~p2pinfer.net.sanctions.PeerSanctions`). Everything else about the
+node is honest: it serves what it is sent and reports its real reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..core.digest import Digest, DigestTracker
+from ..core.peers import ApplyResult
+from ..core.router import Router
+
+__all__ = ["LyingRouter", "claim"]
+
+
+def claim(tracker: DigestTracker, hashes: Iterable[int]) -> int:
+    """Add ``hashes`` to the advertised set as if the cache had inserted them.
+
+    Reaches into the tracker's bookkeeping on purpose: no honest code path
+    may advertise a hash the cache does not hold. Returns how many were new.
+    """
+    new = 0
+    for h in hashes:
+        if h in tracker._held:
+            continue
+        tracker._held.add(h)
+        if h in tracker._removed:
+            tracker._removed.discard(h)
+        else:
+            tracker._added.add(h)
+        new += 1
+    return new
+
+
+class LyingRouter(Router):
+    """A :class:`Router` whose digest also lists whatever its peers cache."""
+
+    claimed = 0
+
+    def on_digest(self, digest: Digest, now: float) -> ApplyResult:
+        result = super().on_digest(digest, now)
+        if result == "applied" and digest.added:
+            self.claimed += claim(self.tracker, digest.added)
+        return result
