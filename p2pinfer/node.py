@@ -334,11 +334,25 @@ class Node:
             "connected_peers": sorted(self.membership.connected()),
             "peers": peers,
             "distrusted_peers": self.sanctions.remaining(),
+            "gossip_scores": self._gossip_scores(),
             "other_model_peers": self.other_models.as_dict(),
             "streams_per_peer": dict(self.forward_server.streams),
             "debug_overclaim": self.config.debug_overclaim,
             "counters": self.counters.as_dict(),
         }
+
+    def _gossip_scores(self) -> dict[str, float]:
+        """gossipsub's peer score of each connected peer (0 unless we penalised it)."""
+        scorer = self._libp2p.gossipsub.scorer
+        out: dict[str, float] = {}
+        if scorer is None:
+            return out
+        for peer in self.host.get_connected_peers():
+            try:
+                out[peer.to_base58()] = round(scorer.score(peer, [self.topic]), 3)
+            except Exception:  # scoring is advisory; never break /status
+                continue
+        return out
 
     async def wait_for_peers(self, count: int, timeout_s: float = 30.0) -> None:
         """Until ``count`` peers are eligible for work (raises ``trio.TooSlowError``)."""

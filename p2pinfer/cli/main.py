@@ -35,6 +35,7 @@ COMMAND_MODULES = [
     "p2pinfer.cli.bench_load",
     "p2pinfer.cli.bench_fuzz",
     "p2pinfer.cli.simulate",
+    "p2pinfer.cli.bench_liar",
 ]
 
 

@@ -46,6 +46,9 @@ class LyingRouter(Router):
 
     def on_digest(self, digest: Digest, now: float) -> ApplyResult:
         result = super().on_digest(digest, now)
-        if result == "applied" and digest.added:
-            self.claimed += claim(self.tracker, digest.added)
+        # Every digest, even a stale repeat, renews the lie: a claimed prefix
+        # that our small cache took in and evicted again is claimed again.
+        state = self.view.get(digest.node_id)
+        if state is not None and state.hashes:
+            self.claimed += claim(self.tracker, state.hashes)
         return result
