@@ -163,6 +163,56 @@ class Controller:
             await finish_stream(stream, False)
         return {"frames": frames, "ended": ended}
 
+    async def cmd_flood_streams(
+        self, _id: Any, peer: str, n: int, tokens: list[int], max_tokens: int = 200, hold_s: float = 0.0
+    ) -> list[dict[str, Any]]:
+        """Open ``n`` generate streams to ``peer`` at once, one request on each.
+
+        Returns the first answer frame of each (a chunk or an error), after
+        holding the streams open for ``hold_s``; then resets them all.
+        """
+        from libp2p.peer.id import ID
+
+        from .forward import GENERATE_PROTOCOL
+        from .framing import FrameError, FrameReader, finish_stream, write_frame
+        from .wire import decode_response, encode_request
+
+        answers: list[dict[str, Any]] = [{} for _ in range(n)]
+        streams: list[Any] = []
+        request = encode_request(
+            request_id=b"flood-request-id", tokens=tokens, params=GenerationParams(max_tokens=max_tokens), hops=1,
+            deadline_ms=60_000, fingerprint=self.node.router.fingerprint_hex, predicted_match_tokens=0,
+            origin=self.node.peer_id,
+        )
+
+        async def one(i: int) -> None:
+            stream = await self.node.host.new_stream(ID.from_base58(peer), [GENERATE_PROTOCOL])
+            streams.append(stream)
+            try:
+                await write_frame(stream, request)
+                frame = await FrameReader(stream).read_frame(1 << 20)
+                item = None if frame is None else decode_response(frame)
+            except FrameError as exc:
+                answers[i] = {"broken": str(exc)}
+                return
+            if item is None:
+                answers[i] = {"eof": True}
+            elif isinstance(item, Exception):
+                answers[i] = {"error": item.code, "message": item.message}
+            else:
+                answers[i] = {"kind": type(item).__name__}
+
+        try:
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for i in range(n):
+                        nursery.start_soon(one, i)
+            await trio.sleep(hold_s)
+        finally:
+            for stream in streams:
+                await finish_stream(stream, False)
+        return answers
+
     async def cmd_publish_raw(self, _id: Any, data_hex: str) -> None:
         await self.node._libp2p.pubsub.publish(self.node.topic, bytes.fromhex(data_hex))
 
