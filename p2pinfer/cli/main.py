@@ -36,6 +36,7 @@ COMMAND_MODULES = [
     "p2pinfer.cli.bench_fuzz",
     "p2pinfer.cli.simulate",
     "p2pinfer.cli.bench_liar",
+    "p2pinfer.cli.bench_faults",
 ]
 
 

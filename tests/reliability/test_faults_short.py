@@ -1,0 +1,96 @@
+"""Killing a serving node, through the HTTP API of real node processes.
+
+First one streamed answer whose serving node is SIGKILLed mid-stream: the
+client's SSE stream simply goes on, resumed elsewhere from the tokens
+already sent, and the whole text is checked against what the simulated
+engine must produce. Then a short version of `p2pinfer bench faults`: 50
+concurrent streaming requests, the node serving them killed, every one
+completes or fails explicitly, and the restarted node rejoins empty.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from p2pinfer.cli.bench_faults import expected_text, group_prefix, run_faults
+from p2pinfer.local_swarm import LocalSwarm
+
+pytestmark = pytest.mark.slow
+
+
+def peer_view(http: httpx.Client, node, peer_id: str) -> dict | None:
+    status = http.get(node.http + "/status", timeout=5).json()
+    return next((p for p in status["peers"] if p["peer_id"] == peer_id), None)
+
+
+def test_sse_stream_continues_when_the_serving_node_is_sigkilled() -> None:
+    with LocalSwarm(3, engine="simulated") as swarm, httpx.Client(timeout=30) as http:
+        swarm.wait_connected()
+        entry, server = swarm.nodes[0], swarm.nodes[1]
+        prefix = group_prefix(7, 100)
+        http.post(server.http + "/v1/completions", json={"prompt": prefix, "max_tokens": 1}).raise_for_status()
+        blocks = http.get(server.http + "/status").json()["digest"]["blocks"]
+        deadline = time.monotonic() + 20
+        while (peer_view(http, entry, server.peer_id) or {}).get("cached_blocks", 0) < blocks:
+            assert time.monotonic() < deadline, "the entry node never learned the server's cache"
+            time.sleep(0.1)
+
+        # 120 tokens at 12.5 ms each: time enough to kill the server mid-stream.
+        prompt = prefix + "Question: and then?"
+        body = {"prompt": prompt, "max_tokens": 120, "stream": True}
+        text, chunks, final, done, killed_after = "", 0, None, False, None
+        with http.stream("POST", entry.http + "/v1/completions", json=body, timeout=60) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                    continue
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[6:])
+                assert "error" not in event, event
+                choice = event["choices"][0]
+                if choice["text"]:
+                    text += choice["text"]
+                    chunks += 1
+                    if chunks == 5:
+                        os.killpg(server.process.pid, signal.SIGKILL)
+                        killed_after = len(text)
+                if choice["finish_reason"]:
+                    final = event
+        assert done and final is not None and killed_after is not None
+        facts = final["p2pinfer"]
+        first, last = facts["attempts"][0], facts["attempts"][-1]
+        assert first["target"] == server.peer_id and first["outcome"] == "failed", facts["attempts"]
+        assert 5 <= first["generated_tokens"] < 120
+        assert last["outcome"] == "done" and last["resumed_tokens"] == first["generated_tokens"]
+        assert final["usage"]["completion_tokens"] == 120
+        # Nothing repeated, nothing dropped: the server's tokens, then the
+        # fallback's continuation of the prompt plus those tokens.
+        assert text == expected_text(prompt, facts["attempts"])
+        assert server.process.poll() is not None  # it really died
+
+        # The survivor still answers, and still refuses absurd requests clearly.
+        ok = http.post(entry.http + "/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+        absurd = http.post(entry.http + "/v1/completions", json={"prompt": "x", "max_tokens": 10**9})
+        assert absurd.status_code == 400 and "max_tokens" in absurd.json()["error"]["message"]
+        huge = http.post(entry.http + "/v1/completions", json={"prompt": "word " * 100_000, "max_tokens": 2})
+        assert huge.status_code == 413 and huge.json()["error"]["code"] == "prompt_too_large"
+
+
+def test_fifty_concurrent_streams_survive_a_sigkill_and_the_node_rejoins_empty() -> None:
+    result = run_faults(requests=50, max_tokens=16, seed=2)
+    assert result["hung"] == 0 and result["lost"] == 0 and result["corrupt"] == 0, result
+    assert result["completed"] + result["failed_explicitly"] == 50, result["outcomes"]
+    assert result["completed"] > 0
+    assert result["retried_after_the_kill"] > 0  # the kill really hit work in flight
+    assert result["victim_left_every_view_s"] is not None
+    assert result["victim_rejoined_empty_s"] is not None
+    assert result["nodes_alive_at_end"] == 4
