@@ -41,10 +41,10 @@ BASE_SETTING = {
 Progress = Callable[[str, int, int], None]
 
 
-def _compact(r: dict[str, Any], **extra: Any) -> dict[str, Any]:
+def _compact(r: dict[str, Any], label: str | None = None, **extra: Any) -> dict[str, Any]:
     out = {
         **extra,
-        "policy": r["policy"],
+        "policy": label or r["policy"],
         "nodes": r["nodes"],
         "ttft_ms_mean": r["ttft_ms"]["mean"],
         "ttft_ms_p50": r["ttft_ms"]["p50"],
@@ -154,7 +154,12 @@ def _plt() -> Any:
     return plt
 
 
+W1 = "cost w=1"
+"""The cost policy with CostModel.work_weight = 1 (see docs/results.md)."""
+VARIANTS: list[tuple[str, str, dict[str, Any]]] = [(p, p, {}) for p in SIM_POLICIES] + [(W1, "cost", {"work_weight": 1.0})]
+
 _COLORS = {
+    W1: "#9467bd",
     "cost": "#1f77b4",
     "oracle": "#000000",
     "paper": "#ff7f0e",
@@ -171,18 +176,20 @@ _COLORS = {
 def latency(out: Path, *, seeds: int = 3, requests: int = 3000, quick: bool = False, progress: Progress | None = None) -> dict[str, Any]:
     """Latency sweep at 4 nodes, 0.1 ms .. 1 s per hop, every policy."""
     lats = [0.1, 1.0, 10.0, 100.0, 1000.0] if quick else [0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0]
-    policies = list(SIM_POLICIES)
+    policies = [v[0] for v in VARIANTS]
     spec = WorkloadSpec(requests=requests)
-    runner = _Runner(progress, seeds * len(lats) * len(policies))
+    runner = _Runner(progress, seeds * len(lats) * len(VARIANTS))
     rows = []
     for seed in range(1, seeds + 1):
         for lat in lats:
-            for pol in policies:
-                cfg = SimConfig(nodes=4, policy=pol, latency=f"{lat:g}", seed=seed)
-                r = runner.run(cfg, spec, f"latency {lat:g} ms {pol} seed {seed}")
-                rows.append(_compact(r, latency_ms=lat, seed=seed))
+            for label, pol, kw in VARIANTS:
+                cfg = SimConfig(nodes=4, policy=pol, latency=f"{lat:g}", seed=seed, **kw)
+                r = runner.run(cfg, spec, f"latency {lat:g} ms {label} seed {seed}")
+                rows.append(_compact(r, label, latency_ms=lat, seed=seed))
     agg = _aggregate(rows, ["ttft_ms_mean", "ttft_ms_p99", "hit_rate", "forwarded_share"], ["latency_ms", "policy"])
     checks = [_paired(rows, "cost", BASELINES, "latency_ms", lat) for lat in lats]
+    checks_w1 = [_paired(rows, W1, BASELINES, "latency_ms", lat) for lat in lats]
+    vs_paper = [_paired(rows, W1, ["paper"], "latency_ms", lat) for lat in lats]
     at1 = {p: _mean([r["ttft_ms_mean"] for r in rows if r["latency_ms"] == 1.0 and r["policy"] == p]) for p in policies}
     targets = {
         "cost_vs_random_at_1ms": {
@@ -201,7 +208,13 @@ def latency(out: Path, *, seeds: int = 3, requests: int = 3000, quick: bool = Fa
             "per_latency": checks,
             "met": all(c["no_worse_within_noise"] for c in checks),
         },
+        "cost_w1_no_worse_than_best_baseline": {
+            "target": "the same for cost with work_weight 1",
+            "per_latency": checks_w1,
+            "met": all(c["no_worse_within_noise"] for c in checks_w1),
+        },
     }
+    comparisons = {"cost_w1_vs_paper": vs_paper}
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for pol in policies:
@@ -222,6 +235,7 @@ def latency(out: Path, *, seeds: int = 3, requests: int = 3000, quick: bool = Fa
         "setting": {**BASE_SETTING, "requests_per_run": requests, "seeds": seeds, "latencies_ms": lats},
         "summary": agg,
         "targets": targets,
+        "comparisons": comparisons,
         "runs": rows,
     }
     data["files"] = _write(out, "latency", data, fig)
@@ -234,20 +248,20 @@ def latency(out: Path, *, seeds: int = 3, requests: int = 3000, quick: bool = Fa
 def skew(out: Path, *, seeds: int = 2, requests: int = 3000, quick: bool = False, progress: Progress | None = None) -> dict[str, Any]:
     """Zipf exponent 0 .. 1.5 at 4 nodes, 1 ms per hop."""
     ss = [0.0, 0.75, 1.5] if quick else [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
-    policies = list(SIM_POLICIES)
-    runner = _Runner(progress, seeds * len(ss) * len(policies))
+    policies = [v[0] for v in VARIANTS]
+    runner = _Runner(progress, seeds * len(ss) * len(VARIANTS))
     rows = []
     for seed in range(1, seeds + 1):
         for s in ss:
             spec = WorkloadSpec(requests=requests, popularity=f"zipf:{s:g}")
-            for pol in policies:
-                r = runner.run(SimConfig(nodes=4, policy=pol, seed=seed), spec, f"zipf {s:g} {pol} seed {seed}")
-                rows.append(_compact(r, zipf_s=s, seed=seed))
+            for label, pol, kw in VARIANTS:
+                r = runner.run(SimConfig(nodes=4, policy=pol, seed=seed, **kw), spec, f"zipf {s:g} {label} seed {seed}")
+                rows.append(_compact(r, label, zipf_s=s, seed=seed))
     agg = _aggregate(rows, ["ttft_ms_mean", "ttft_ms_p99", "hit_rate", "forwarded_share"], ["zipf_s", "policy"])
     gain = []
     for s in ss:
         m = {a["policy"]: a["ttft_ms_mean"] for a in agg if a["zipf_s"] == s}
-        gain.append({"zipf_s": s, "random_over_cost": round(m["random"] / m["cost"], 3), "local_over_cost": round(m["local"] / m["cost"], 3), "cost_over_oracle": round(m["cost"] / m["oracle"], 3)})
+        gain.append({"zipf_s": s, "random_over_cost": round(m["random"] / m["cost"], 3), "local_over_cost": round(m["local"] / m["cost"], 3), "cost_over_oracle": round(m["cost"] / m["oracle"], 3), "paper_over_cost": round(m["paper"] / m["cost"], 3), "paper_over_cost_w1": round(m["paper"] / m[W1], 3)})
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for pol in policies:
@@ -320,7 +334,8 @@ def specialisation(out: Path, *, seeds: int = 1, requests: int = 6000, quick: bo
     spec = WorkloadSpec(requests=requests)
     runner = _Runner(progress, len(caches) * len(policies) * seeds)
     rows, details = [], {}
-    window = 150.0
+    # About 12 windows per run, so each subject has ~requests/57/12 requests per window.
+    window = max(50.0, round(requests / (4 * 0.35) / 12 / 50) * 50.0)
     for seed in range(1, seeds + 1):
         for cname, cap in caches.items():
             for pol in policies:
@@ -347,7 +362,11 @@ def specialisation(out: Path, *, seeds: int = 1, requests: int = 6000, quick: bo
     for i, pol in enumerate(policies):
         for j, cname in enumerate(caches):
             st = details[(cname, pol)]
-            subjects = sorted(st["majority"], key=lambda s: [(-1 if x is None else x[0]) for x in st["majority"][s]][:3])
+            def first_owner(s: str, st: dict[str, Any] = st) -> tuple[int, str]:
+                owners = [x[0] for x in st["majority"][s] if x is not None]
+                return (owners[0] if owners else 99, s)
+
+            subjects = sorted(st["majority"], key=first_owner)
             img = []
             for s in subjects:
                 row = []
@@ -394,7 +413,8 @@ HOT_RATE_PER_NODE = 0.75
 
 def hotspot(out: Path, *, seeds: int = 3, requests: int = 3000, quick: bool = False, progress: Progress | None = None) -> dict[str, Any]:
     """One very hot subject; p99 and load imbalance with and without the busy valve."""
-    policies = ["cost", "paper", "least-loaded", "local", "oracle"]
+    variants = [v for v in VARIANTS if v[0] in ("cost", W1, "paper", "least-loaded", "local", "oracle")]
+    policies = [v[0] for v in variants]
     valves = {"valve off": (False, 15000.0), "valve 4 s (old default)": (True, 4000.0), "valve 15 s (default)": (True, 15000.0)}
     if quick:
         seeds = min(seeds, 1)
@@ -403,10 +423,10 @@ def hotspot(out: Path, *, seeds: int = 3, requests: int = 3000, quick: bool = Fa
     rows = []
     for seed in range(1, seeds + 1):
         for vname, (on, th) in valves.items():
-            for pol in policies:
-                cfg = SimConfig(nodes=4, policy=pol, busy_valve=on, busy_queue_ms=th, seed=seed)
-                r = runner.run(cfg, spec, f"hotspot {vname} {pol} seed {seed}")
-                rows.append(_compact(r, valve=vname, seed=seed))
+            for label, pol, kw in variants:
+                cfg = SimConfig(nodes=4, policy=pol, busy_valve=on, busy_queue_ms=th, seed=seed, **kw)
+                r = runner.run(cfg, spec, f"hotspot {vname} {label} seed {seed}")
+                rows.append(_compact(r, label, valve=vname, seed=seed))
     agg = _aggregate(rows, ["ttft_ms_mean", "ttft_ms_p99", "hit_rate", "busy_max_over_mean", "served_max_over_mean", "busy_refusals"], ["valve", "policy"])
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
@@ -435,12 +455,58 @@ def hotspot(out: Path, *, seeds: int = 3, requests: int = 3000, quick: bool = Fa
     return data
 
 
+# -- load ------------------------------------------------------------------
+
+
+def load(out: Path, *, seeds: int = 3, requests: int = 3000, quick: bool = False, progress: Progress | None = None) -> dict[str, Any]:
+    """Arrival rate 0.1 .. 0.6 req/s per node: where greedy cost breaks down."""
+    rates = [0.1, 0.35, 0.6] if quick else [0.1, 0.2, 0.35, 0.5, 0.6]
+    variants = [v for v in VARIANTS if v[0] in ("cost", W1, "paper", "oracle", "least-loaded")]
+    variants.append(("oracle w=1", "oracle", {"work_weight": 1.0}))
+    runner = _Runner(progress, seeds * len(rates) * len(variants))
+    rows = []
+    for seed in range(1, seeds + 1):
+        for rate in rates:
+            spec = WorkloadSpec(requests=requests, rate=4 * rate)
+            for label, pol, kw in variants:
+                r = runner.run(SimConfig(nodes=4, policy=pol, seed=seed, **kw), spec, f"load {rate:g} {label} seed {seed}")
+                rows.append(_compact(r, label, rate_per_node=rate, seed=seed))
+    agg = _aggregate(rows, ["ttft_ms_mean", "ttft_ms_p99", "hit_rate", "utilisation_mean"], ["rate_per_node", "policy"])
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for label, _, _ in variants:
+        pts = sorted((a["rate_per_node"], a["ttft_ms_mean"], a["hit_rate"], a["utilisation_mean"]) for a in agg if a["policy"] == label)
+        style = "--" if label.startswith("oracle") else "-"
+        color = _COLORS.get(label, "#444444")
+        for k, ax in enumerate(axes):
+            ax.plot([p[0] for p in pts], [p[k + 1] for p in pts], style, marker="o", label=label, color=color)
+    axes[0].set_yscale("log")
+    for ax, what in zip(axes, ("mean time to first token (ms)", "hit rate", "mean node utilisation"), strict=True):
+        ax.set_xlabel("arrivals per second per node")
+        ax.set_ylabel(what)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Load sweep: 4 nodes, 1 ms per hop, MMLU uniform, {requests} requests, mean of {seeds} seeds")
+    data = {
+        "experiment": "load",
+        "setting": {**BASE_SETTING, "rates_per_node": rates, "requests_per_run": requests, "seeds": seeds},
+        "summary": agg,
+        "runs": rows,
+    }
+    data["files"] = _write(out, "load", data, fig)
+    return data
+
+
 # -- scale -----------------------------------------------------------------
 
 
-SCALED_GOSSIP = GossipConfig(delta_interval_s=2.0, full_interval_s=120.0, load_interval_s=2.0, peer_ttl_s=20.0)
+SCALED_GOSSIP = GossipConfig(delta_interval_s=2.0, full_interval_s=120.0, load_interval_s=5.0, peer_ttl_s=30.0)
 """A gossip schedule for large swarms: deltas batched over 2 s, load every
-2 s, full digests (only needed to heal losses) every 2 minutes."""
+5 s (the cost estimate drains stale queues), full digests (only needed to
+heal losses) every 2 minutes."""
+SCALE_WARMUP = 0.5
+"""Large swarms start with 1,024 empty caches: the first half of the
+arrivals is warm-up in the scale experiment (every variant alike)."""
 
 
 def scale(
@@ -452,53 +518,71 @@ def scale(
     progress: Progress | None = None,
     sizes: Sequence[int] | None = None,
     per_node: int = 16,
+    long_per_node: int = 48,
     topic_sizes: Sequence[int] = (8, 16, 32),
 ) -> dict[str, Any]:
     """4 .. 1,024 nodes: hit rate against the oracle, gossip bytes, decision time."""
     sizes = list(sizes or ([4, 16, 64] if quick else [4, 16, 64, 256, 1024]))
     largest = max(sizes)
-    plans: list[tuple[int, str, str, SimConfig]] = []
+    long_n = long_per_node * largest
+    # Series A: every size, one topic, default gossip (and the oracle), per_node requests per node.
+    # Series B: the largest swarm under a bandwidth budget (topics, scaled gossip): topics
+    # of a few nodes need more requests to warm their caches, so B runs long_per_node.
+    plans: list[tuple[int, str, int, SimConfig]] = []
     for n in sizes:
-        plans.append((n, "oracle", "oracle (central, exact)", SimConfig(nodes=n, policy="oracle")))
-        plans.append((n, "cost", "one topic, default gossip", SimConfig(nodes=n)))
+        short = max(3000, per_node * n)
+        plans.append((n, "oracle (central, exact)", short, SimConfig(nodes=n, policy="oracle", warmup=SCALE_WARMUP)))
+        plans.append((n, "one topic, default gossip", short, SimConfig(nodes=n, warmup=SCALE_WARMUP)))
+    short_max = max(3000, per_node * largest)
+    plans.append((largest, "one topic, scaled gossip", short_max, SimConfig(nodes=largest, gossip=SCALED_GOSSIP, warmup=SCALE_WARMUP)))
+    if long_n != short_max:
+        plans.append((largest, "oracle (central, exact)", long_n, SimConfig(nodes=largest, policy="oracle", warmup=SCALE_WARMUP)))
     for g in topic_sizes:
         if g < largest:
-            plans.append((largest, "cost", f"topics of {g}, scaled gossip", SimConfig(nodes=largest, topic_size=g, gossip=SCALED_GOSSIP)))
-    plans.append((largest, "cost", "one topic, scaled gossip", SimConfig(nodes=largest, gossip=SCALED_GOSSIP)))
+            cfg = SimConfig(nodes=largest, topic_size=g, gossip=SCALED_GOSSIP, warmup=SCALE_WARMUP)
+            plans.append((largest, f"topics of {g}, scaled gossip", long_n, cfg))
     runner = _Runner(progress, len(plans) * seeds)
     rows = []
     for seed in range(1, seeds + 1):
-        for n, pol, variant, cfg in plans:
-            spec = WorkloadSpec(requests=requests or max(3000, per_node * n))
+        for n, variant, n_requests, cfg in plans:
+            spec = WorkloadSpec(requests=requests or n_requests)
             cfg = replace(cfg, seed=seed)
             t0 = time.perf_counter()
-            r = runner.run(cfg, spec, f"scale {n} nodes {variant} seed {seed}")
+            r = runner.run(cfg, spec, f"scale {n} nodes {variant} {n_requests} requests seed {seed}")
             rows.append(_compact(r, variant=variant, seed=seed, requests=r["requests"], gossip_messages_per_node_per_s=r["gossip"]["published_messages_per_node_per_s"] if isinstance(r["gossip"], dict) else 0.0, run_wall_s=round(time.perf_counter() - t0, 1)))
-    agg = _aggregate(rows, ["hit_rate", "ttft_ms_mean", "gossip_bytes_per_node_per_s", "decision_us_p50", "run_wall_s"], ["nodes", "variant"])
-    oracle_hit = {a["nodes"]: a["hit_rate"] for a in agg if a["variant"].startswith("oracle")}
+    agg = _aggregate(rows, ["hit_rate", "ttft_ms_mean", "gossip_bytes_per_node_per_s", "decision_us_p50", "run_wall_s"], ["nodes", "requests", "variant"])
+    oracle_hit = {(a["nodes"], a["requests"]): a["hit_rate"] for a in agg if a["variant"].startswith("oracle")}
     for a in agg:
-        a["hit_rate_gap_to_oracle_points"] = round(100 * (oracle_hit[a["nodes"]] - a["hit_rate"]), 2)
+        a["hit_rate_gap_to_oracle_points"] = round(100 * (oracle_hit[(a["nodes"], a["requests"])] - a["hit_rate"]), 2)
     at_max = [a for a in agg if a["nodes"] == largest and not a["variant"].startswith("oracle")]
     ok = [a for a in at_max if a["hit_rate_gap_to_oracle_points"] <= 5 and a["gossip_bytes_per_node_per_s"] <= 10_000]
     targets = {
         f"hit_rate_and_gossip_at_{largest}": {
-            "target": f"at {largest} nodes, cost hit rate within 5 points of oracle with <= 10 KB/s gossip per node",
-            "variants": [{k: a[k] for k in ("variant", "hit_rate", "hit_rate_gap_to_oracle_points", "gossip_bytes_per_node_per_s")} for a in at_max],
+            "target": f"at {largest} nodes, cost hit rate within 5 points of oracle (same requests) with <= 10 KB/s gossip per node",
+            "variants": [{k: a[k] for k in ("variant", "requests", "hit_rate", "hit_rate_gap_to_oracle_points", "gossip_bytes_per_node_per_s")} for a in at_max],
             "met_by": [a["variant"] for a in ok],
             "met": bool(ok),
         }
     }
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    short_of = {n: max(3000, per_node * n) for n in sizes}
     flat = sorted((a["nodes"], a) for a in agg if a["variant"] == "one topic, default gossip")
-    orc = sorted((a["nodes"], a) for a in agg if a["variant"].startswith("oracle"))
+    orc = sorted((a["nodes"], a) for a in agg if a["variant"].startswith("oracle") and a["requests"] == short_of[a["nodes"]])
     axes[0].plot([n for n, _ in orc], [a["hit_rate"] for _, a in orc], "k-o", label="oracle")
-    axes[0].plot([n for n, _ in flat], [a["hit_rate"] for _, a in flat], "-o", color=_COLORS["cost"], label="cost, one topic")
-    for a in at_max:
-        if a["variant"] != "one topic, default gossip":
-            axes[0].scatter([largest], [a["hit_rate"]], marker="x", s=60, label=f"cost, {a['variant']}")
-            axes[1].scatter([largest], [a["gossip_bytes_per_node_per_s"]], marker="x", s=60, label=a["variant"])
+    axes[0].plot([n for n, _ in flat], [a["hit_rate"] for _, a in flat], "-o", color=_COLORS["cost"], label="cost, one topic, default gossip")
     axes[1].plot([n for n, _ in flat], [a["gossip_bytes_per_node_per_s"] for _, a in flat], "-o", color=_COLORS["cost"], label="one topic, default gossip")
+    markers = iter("xs^vD+")
+    for a in at_max:
+        if a["variant"] == "one topic, default gossip":
+            continue
+        m = next(markers)
+        lab = f"{a['variant']} ({a['requests']} req)"
+        axes[0].scatter([largest], [a["hit_rate"]], marker=m, s=60, label=f"cost, {lab}")
+        axes[1].scatter([largest], [a["gossip_bytes_per_node_per_s"]], marker=m, s=60, label=lab)
+    for a in agg:
+        if a["variant"].startswith("oracle") and a["nodes"] == largest and a["requests"] != short_of[largest]:
+            axes[0].scatter([largest], [a["hit_rate"]], marker="*", color="k", s=80, label=f"oracle ({a['requests']} req)")
     axes[1].axhline(10_000, color="r", ls="--", lw=1, label="10 KB/s target")
     axes[2].plot([n for n, _ in flat], [a["decision_us_p50"] for _, a in flat], "-o", color=_COLORS["cost"], label="cost (gossiped view)")
     axes[2].plot([n for n, _ in orc], [a["decision_us_p50"] for _, a in orc], "k-o", label="oracle (scans every node)")
@@ -512,10 +596,10 @@ def scale(
     axes[2].set_ylabel("decision time p50 (us, wall clock)")
     for ax in axes:
         ax.legend(fontsize=7)
-    fig.suptitle(f"Scale: MMLU uniform, {DEFAULT_RATE_PER_NODE} req/s per node, 1 ms per hop, {per_node} requests per node (min 3000)")
+    fig.suptitle(f"Scale: MMLU uniform, {DEFAULT_RATE_PER_NODE} req/s per node, 1 ms per hop, {per_node} requests per node (min 3000); second half measured")
     data = {
         "experiment": "scale",
-        "setting": {**BASE_SETTING, "sizes": sizes, "requests_per_node": per_node, "seeds": seeds, "scaled_gossip": {"delta_interval_s": SCALED_GOSSIP.delta_interval_s, "full_interval_s": SCALED_GOSSIP.full_interval_s, "load_interval_s": SCALED_GOSSIP.load_interval_s, "peer_ttl_s": SCALED_GOSSIP.peer_ttl_s}},
+        "setting": {**BASE_SETTING, "sizes": sizes, "requests_per_node": per_node, "long_requests_per_node": long_per_node, "warmup_share": SCALE_WARMUP, "seeds": seeds, "scaled_gossip": {"delta_interval_s": SCALED_GOSSIP.delta_interval_s, "full_interval_s": SCALED_GOSSIP.full_interval_s, "load_interval_s": SCALED_GOSSIP.load_interval_s, "peer_ttl_s": SCALED_GOSSIP.peer_ttl_s}},
         "summary": agg,
         "targets": targets,
         "runs": rows,
@@ -529,6 +613,7 @@ EXPERIMENTS: dict[str, Callable[..., dict[str, Any]]] = {
     "skew": skew,
     "specialisation": specialisation,
     "hotspot": hotspot,
+    "load": load,
     "scale": scale,
 }
 
