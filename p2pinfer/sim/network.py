@@ -123,23 +123,25 @@ def _field_len(payload: int) -> int:
     return 1 + _varint_len(payload) + payload
 
 
-def load_report_bytes(node_id: str, fingerprint: str, queued: int, active: int, busy: bool, version: int) -> int:
+def load_report_bytes(
+    node_id: str, fingerprint: str, queued: int, active: int, busy: bool, epoch: int, version: int, addr_len: int = 25
+) -> int:
     """Size of ``GossipMessage{load: LoadReport}`` (protos/p2pinfer.proto) on the wire.
 
-    Computed from the protobuf encoding rules rather than by importing the
-    generated code; one 26-character multiaddr is assumed in ``addrs``.
+    Computed from the protobuf encoding rules rather than by encoding it
+    (tests/sim checks it against the generated code); one multiaddr of
+    ``addr_len`` characters (``/ip4/203.0.113.7/tcp/4001``) is assumed.
     """
-    epoch_len = 9  # a random 63-bit epoch is a 9-byte varint
     body = (
-        _field_len(len(node_id))
-        + _field_len(len(fingerprint))
+        _field_len(len(node_id.encode()))
+        + _field_len(len(fingerprint.encode()))
         + (1 + _varint_len(queued) if queued else 0)
-        + 5  # float prefill_ms_per_token
+        + 5  # float prefill_ms_per_token (non-zero)
         + (1 + _varint_len(active) if active else 0)
         + (2 if busy else 0)
-        + 1 + epoch_len
+        + (1 + _varint_len(epoch) if epoch else 0)
         + (1 + _varint_len(version) if version else 0)
-        + _field_len(26)
+        + (_field_len(addr_len) if addr_len else 0)
     )
     return 2 + _field_len(body)  # GossipMessage: version=1, then the load field
 

@@ -375,7 +375,10 @@ class Simulator:
     def _publish_load(self, src: SimNode) -> None:
         load = src.load()
         busy = src.router.is_busy(load)
-        wire = load_report_bytes(src.id, self.fingerprint_hex, load.queued_prefill_tokens, load.active_requests, busy, src.router.tracker.version)
+        tracker = src.router.tracker
+        wire = load_report_bytes(
+            src.id, self.fingerprint_hex, load.queued_prefill_tokens, load.active_requests, busy, tracker.epoch, tracker.version
+        )
         self._publish(src, "load", (load, busy), wire, wire)
 
     def _deliver(self, src: SimNode, kind: str, obj: Any, per_receiver: int) -> None:

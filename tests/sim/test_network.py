@@ -1,0 +1,41 @@
+"""The network model: per-link latency, gossipsub cost, wire sizes."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from p2pinfer.core.peers import Load
+from p2pinfer.sim.network import digest_message_bytes, gossip_copies, load_report_bytes, mesh_hops, parse_latency
+
+
+def test_latency_models() -> None:
+    fixed = parse_latency("2.5")
+    assert fixed.link_ms(0, 1) == 2.5 and fixed.link_ms(3, 3) == 0.0
+    uni = parse_latency("uniform:10:50", seed=3)
+    links = [uni.link_ms(0, j) for j in range(1, 400)]
+    assert all(10 <= x <= 50 for x in links) and statistics.fmean(links) == pytest.approx(30, abs=2.5)
+    assert uni.link_ms(4, 9) == uni.link_ms(9, 4) == parse_latency("uniform:10:50", seed=3).link_ms(4, 9)
+    assert uni.link_ms(4, 9) != parse_latency("uniform:10:50", seed=4).link_ms(4, 9)
+    logn = parse_latency("lognormal:20:0.5", seed=1)
+    assert statistics.median(logn.link_ms(0, j) for j in range(1, 2001)) == pytest.approx(20, rel=0.08)
+    for bad in ("fast", "uniform:5", "uniform:9:3", "gamma:1:2", "-1"):
+        with pytest.raises(ValueError):
+            parse_latency(bad)
+
+
+def test_mesh_model() -> None:
+    assert [mesh_hops(n) for n in (2, 7, 8, 37, 38, 1024)] == [1, 1, 2, 2, 3, 4]
+    assert [gossip_copies(n) for n in (2, 4, 7, 1024)] == [1, 3, 6, 6]
+
+
+def test_wire_sizes_match_the_generated_protobuf() -> None:
+    wire = pytest.importorskip("p2pinfer.net.wire")
+    node = "12D3KooW" + "x" * 44
+    fp = "0123456789abcdef"
+    for queued, active, busy, epoch, version in [(0, 0, False, 0, 0), (1500, 3, True, (1 << 63) - 5, 77), (5, 1, False, 300, 1 << 20)]:
+        report = wire.load_to_pb(node, fp, Load(queued, 4.35, active), busy, epoch, version, ["/ip4/203.0.113.7/tcp/4001"])
+        assert load_report_bytes(node, fp, queued, active, busy, epoch, version) == len(wire.encode_gossip_load(report))
+    for n in (0, 100, 5000, 300_000):
+        assert digest_message_bytes(n) == len(wire.encode_gossip_digest(b"d" * n))
