@@ -256,6 +256,7 @@ class Node:
         await nursery.start(self.gossip.run)
         await nursery.start(self.membership.run)
         nursery.start_soon(self.forward_client.run_janitor)
+        nursery.start_soon(self.sanctions.run)
         self.started_at = time.monotonic()
         log.info("node %s listening on %s", self.peer_id, ", ".join(self.addrs))
 
@@ -497,6 +498,9 @@ class Node:
                     self.sanctions.distrust(
                         served.target, f"it advertised {predicted} cached prompt tokens and reused {realised}"
                     )
+                    # Out of the view now; the sanction keeps it out (no gossip,
+                    # no pull, no RTT probe) until it ends.
+                    self.router.on_peer_gone(served.target)
         reason = decision.reason
         if len(attempts) > 1:
             reason += f"; served by attempt {len(attempts)} after " + ", ".join(

@@ -66,7 +66,7 @@ def gossip_score_params() -> Any:
 
 def penalty_lasting(seconds: float) -> float:
     """The P5 penalty that stays above the publish threshold for ``seconds``."""
-    return PUBLISH_THRESHOLD * DECAY_PER_S ** (-max(0.0, seconds)) + 1.0
+    return PUBLISH_THRESHOLD * DECAY_PER_S ** (-max(0.0, seconds)) + 0.01
 
 
 class PeerSanctions:
@@ -105,6 +105,39 @@ class PeerSanctions:
             return False
         self._penalize(peer_id, penalty_lasting(self._until[peer_id] - now))
         return True
+
+    def enforce(self, now: float | None = None) -> int:
+        """Top every sanctioned peer's gossipsub penalty back up to what is left of its sanction.
+
+        gossipsub drops a peer's score when it disconnects; a reconnect can
+        be quicker than our connection watcher notices, so this runs on a
+        timer too. Returns how many penalties were topped up.
+        """
+        now = time.monotonic() if now is None else now
+        self.expire(now)
+        if self._scorer is None:
+            return 0
+        from libp2p.peer.id import ID
+
+        fixed = 0
+        for peer_id, until in list(self._until.items()):
+            want = penalty_lasting(until - now)
+            try:
+                have = self._scorer.behavior_penalty.get(ID.from_base58(peer_id), 0.0)
+            except Exception:
+                continue
+            if have < want * 0.98:
+                self._penalize(peer_id, want - have)
+                fixed += 1
+        return fixed
+
+    async def run(self, interval_s: float = 1.0) -> None:
+        """Keep :meth:`enforce` going (a task in the node's nursery)."""
+        import trio
+
+        while True:
+            await trio.sleep(interval_s)
+            self.enforce()
 
     def invalid_gossip(self, peer_id: str) -> None:
         """One message from ``peer_id`` itself that no honest node would send."""
