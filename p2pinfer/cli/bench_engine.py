@@ -178,6 +178,63 @@ async def run_engine_bench(
     return result
 
 
+def naive_baseline(
+    model_path: str,
+    pairs: list[tuple[list[int], list[int]]],
+    prefix_tokens: int,
+    *,
+    threads: int,
+    context_size: int,
+    flash_attn: bool,
+) -> dict[str, Any]:
+    """The naive prefix cache, side by side: ``Llama.save_state`` after the
+    earlier prompt, ``load_state`` before the warm one (the whole context's
+    state goes through Python both ways)."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        model_path, n_ctx=context_size, n_batch=512, n_threads=threads, n_threads_batch=threads,
+        flash_attn=flash_attn, verbose=False,
+    )
+    rows = []
+    try:
+        for prompt, earlier in pairs:
+            llm.reset()
+            llm._ctx.kv_cache_clear()
+            t0 = time.perf_counter()
+            llm.eval(prompt)
+            cold_s = time.perf_counter() - t0
+            llm.reset()
+            llm._ctx.kv_cache_clear()
+            llm.eval(earlier)
+            t0 = time.perf_counter()
+            state = llm.save_state()
+            save_s = time.perf_counter() - t0
+            llm.reset()
+            llm._ctx.kv_cache_clear()
+            t0 = time.perf_counter()
+            llm.load_state(state)
+            llm.n_tokens = prefix_tokens
+            llm._ctx.kv_cache_seq_rm(-1, prefix_tokens, -1)
+            llm.eval(prompt[prefix_tokens:])
+            warm_s = time.perf_counter() - t0
+            rows.append((cold_s, warm_s, save_s, llm_state_size(state)))
+    finally:
+        llm.close()
+    return {
+        "method": "llama_cpp.Llama save_state/load_state of the whole context",
+        "cold_ttft_ms": round(_median([r[0] for r in rows]) * 1000, 2),
+        "warm_ttft_ms": round(_median([r[1] for r in rows]) * 1000, 2),
+        "warm_over_cold": round(_median([r[1] / r[0] for r in rows]), 4),
+        "save_ms": round(_median([r[2] for r in rows]) * 1000, 2),
+        "state_bytes": int(_median([r[3] for r in rows])),
+    }
+
+
+def llm_state_size(state: Any) -> int:
+    return int(getattr(state, "llama_state_size", 0))
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     @bench.command("engine")
     def engine_cmd(
@@ -191,6 +248,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         context_size: int = typer.Option(4096, min=64, help="Context size in tokens."),
         cache_mib: float = typer.Option(1024.0, min=0, help="Prefix-cache budget in MiB of KV."),
         n_gpu_layers: int = typer.Option(-2, help="Layers to offload (-1 all; default: all if the build can offload)."),
+        batch_size: int = typer.Option(0, min=0, help="Prefill batch (0: the engine's default)."),
+        flash_attn: str = typer.Option("auto", help="llama.cpp flash attention: auto, on or off."),
+        naive: bool = typer.Option(False, "--naive", help="Also measure Llama.save_state/load_state side by side."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Cold against warm time to first token on a ~1,100-token prompt sharing 1,070 tokens."""
@@ -209,14 +269,29 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 options["threads"] = threads
             if n_gpu_layers != -2:
                 options["n_gpu_layers"] = n_gpu_layers
+            if batch_size:
+                options["batch_size"] = batch_size
+            if flash_attn not in ("auto", "on", "off"):
+                raise typer.BadParameter("auto, on or off", param_hint="--flash-attn")
+            if flash_attn != "auto":
+                options["flash_attn"] = flash_attn == "on"
 
         async def main() -> dict[str, Any]:
             engine = load_engine(engine_name, **options)
             try:
-                return await run_engine_bench(
+                result = await run_engine_bench(
                     engine, prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, reps=reps,
                     decode_tokens=decode_tokens,
                 )
+                if naive and engine_name == "llama-cpp":
+                    pairs = _pairs(engine, prefix_tokens, suffix_tokens, reps)
+                    result["naive_full_state"] = await trio.to_thread.run_sync(
+                        lambda: naive_baseline(
+                            str(engine.model_path), pairs, prefix_tokens, threads=engine.threads,
+                            context_size=context_size, flash_attn=flash_attn != "off",
+                        )
+                    )
+                return result
             finally:
                 await engine.aclose()
 

@@ -14,10 +14,11 @@ see docs/results.md): with other sequences resident, where a prompt's cells
 sit in the shared KV buffer changes llama.cpp's floating-point summation
 order, and greedy decoding then gave *different tokens* with and without a
 cache hit. Restored spans land in cells ``0..n-1``, exactly where a cold
-evaluation puts them, so the output is bit-identical; attention also never
-scans other prompts' cells. Putting a 1,070-token prefix back costs about
-4 ms; saving the new part of a prompt costs about 15 ms per 1,000 tokens
-and is done after the first token is out.
+evaluation puts them, so with batch-independent attention (flash attention
+off on the CPU) the output is bit-identical; attention also never scans
+other prompts' cells. Putting a 1,070-token prefix back costs a few
+milliseconds; saving the new part of a prompt costs about 15-20 ms per
+1,000 tokens and is done after the first token is out.
 
 All llama.cpp calls run in worker threads (``trio.to_thread.run_sync``),
 one at a time per engine, requests served first come first served; a
@@ -107,12 +108,13 @@ class LlamaCppEngine(Engine):
         The cache budget is ``cache_tokens`` tokens or ``cache_mib`` MiB of
         KV (default 1024 MiB). ``n_gpu_layers`` defaults to every layer when
         this llama.cpp build can offload (CUDA, Metal...), else 0.
-        ``batch_size`` is the prefill batch (default 32 on the CPU, 512 with
-        offload): a cancelled request stops at the next batch boundary, and
-        on the CPU batches of at most 32 tokens keep llama.cpp's flash
-        attention on a path whose results do not depend on how a prompt is
-        cut into batches (measured: see docs/results.md), which greedy
-        equality with and without a cache hit needs.
+        ``batch_size`` is the prefill batch (default 128 on the CPU, 512 with
+        offload): a cancelled request stops at the next batch boundary.
+        ``flash_attn`` defaults to off on the CPU: there llama.cpp's flash
+        attention rounds differently depending on how a prompt is cut into
+        batches, so greedy output could change with a cache hit, and it was
+        slower anyway (measured: see docs/results.md). With offload it is
+        left to llama.cpp (``None``: auto).
         """
         import llama_cpp  # noqa: PLC0415 - optional dependency, imported when the engine is used
 
@@ -132,7 +134,10 @@ class LlamaCppEngine(Engine):
             n_gpu_layers = -1 if self.gpu_offload_supported else 0
         threads = threads or os.cpu_count() or 1
         if batch_size is None:
-            batch_size = 32 if n_gpu_layers == 0 else 512
+            batch_size = 128 if n_gpu_layers == 0 else 512
+        if flash_attn is None and n_gpu_layers == 0:
+            flash_attn = False
+        self.flash_attn = flash_attn
         self.model_path = path
         self._rt = LlamaRuntime(
             str(path),
@@ -183,6 +188,15 @@ class LlamaCppEngine(Engine):
         self._prefill_ms: float | None = None
         self._decode_ms: float | None = None
         self._closed = False
+
+    @classmethod
+    def create(cls, **options: Any) -> LlamaCppEngine:
+        """Like the constructor; ``model`` is accepted for ``model_path``."""
+        if "model" in options:
+            if options.get("model_path") not in (None, options["model"]):
+                raise TypeError("give model or model_path, not both")
+            options["model_path"] = options.pop("model")
+        return cls(**options)
 
     # -- identity ------------------------------------------------------------
     @property
@@ -280,6 +294,8 @@ class LlamaCppEngine(Engine):
             n_gpu_layers=self.n_gpu_layers,
             gpu_offload_supported=self.gpu_offload_supported,
             threads=self.threads,
+            batch_size=self.batch_size,
+            flash_attn={None: "auto", True: "on", False: "off"}[self.flash_attn],
             cache_capacity_tokens=self._cache.capacity_tokens,
             cache_bytes=self.cache_bytes(),
             cache_spans=len(self._store),
@@ -489,7 +505,8 @@ def _max_reuse(n: int) -> int:
 
     The last token must be evaluated (its logits give the first token), and
     with it the one before, so that no prompt token is ever evaluated in a
-    one-token batch (see :meth:`LlamaRuntime.chunks`).
+    one-token batch, which flash attention computes differently (see
+    :meth:`LlamaRuntime.chunks`).
     """
     return max(0, n - 2)
 

@@ -125,6 +125,7 @@ class LlamaRuntime:
         self.n_vocab = int(_ll.llama_vocab_n_tokens(self.vocab))
         self.n_gpu_layers = n_gpu_layers
         self.n_threads = n_threads
+        self.flash_attn = flash_attn
         self.load_s = time.perf_counter() - t0
         self._batch = _ll.llama_batch_init(self.n_batch, 0, 1)
         self.batches_evaluated = 0
@@ -263,10 +264,11 @@ class LlamaRuntime:
         """(offset, length) batches for ``n`` prompt tokens: full batches, and
         never a last batch of one token after others.
 
-        llama.cpp's CPU flash attention takes another code path for a
-        one-token batch (a KV split across threads) whose rounding differs;
-        keeping prompt tokens out of it makes a token's KV independent of how
-        the prompt was cut into batches, hence of where a cache hit ended.
+        With flash attention on, llama.cpp's CPU code takes another path for
+        a one-token batch (a KV split across threads) whose rounding differs;
+        keeping prompt tokens out of it is one of the conditions for a
+        token's KV not to depend on where a cache hit ended. (Without flash
+        attention results do not depend on the batches at all.)
         """
         size = self.n_batch
         out = [(off, min(size, n - off)) for off in range(0, n, size)]

@@ -15,9 +15,15 @@ from p2pinfer.engines.model_files import default_model_path
 pytestmark = pytest.mark.model
 
 
-@pytest.fixture(scope="module")
-def rt() -> Iterator[LlamaRuntime]:
-    runtime = LlamaRuntime(str(default_model_path()), n_ctx=1024, n_batch=32, n_gpu_layers=0, n_threads=2)
+@pytest.fixture(scope="module", params=[(128, False), (32, True)], ids=["engine-default", "flash-attn-batch32"])
+def rt(request: pytest.FixtureRequest) -> Iterator[LlamaRuntime]:
+    """The engine's CPU defaults (flash attention off, batches of 128), and
+    flash attention with small batches, where it holds only because prompt
+    tokens never go through a one-token batch."""
+    n_batch, flash = request.param
+    runtime = LlamaRuntime(
+        str(default_model_path()), n_ctx=1024, n_batch=n_batch, n_gpu_layers=0, n_threads=2, flash_attn=flash
+    )
     try:
         yield runtime
     finally:
