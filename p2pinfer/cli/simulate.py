@@ -14,7 +14,7 @@ sim_app = typer.Typer(
     no_args_is_help=False,
 )
 
-EXPERIMENT_NAMES = ("latency", "skew", "specialisation", "hotspot", "load", "scale")
+EXPERIMENT_NAMES = ("latency", "latency-fast", "skew", "specialisation", "hotspot", "load", "scale")
 
 
 def _progress_bar(total: int, description: str) -> tuple[Any, Any]:
@@ -166,7 +166,7 @@ def simulate(
 
 @sim_app.command("experiment")
 def experiment(
-    name: str = typer.Argument(..., help="latency, skew, specialisation, hotspot, load or scale."),
+    name: str = typer.Argument(..., help="latency, latency-fast, skew, specialisation, hotspot, load or scale."),
     out: Path = typer.Option(Path("docs/results"), help="Folder for the JSON and PNG outputs."),
     seeds: Optional[int] = typer.Option(None, min=1, help="Seeds per point (default: the experiment's own)."),
     requests: Optional[int] = typer.Option(None, min=100, help="Requests per run (default: the experiment's own)."),
