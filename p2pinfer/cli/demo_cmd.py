@@ -123,9 +123,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     @app.command("demo")
     def demo(
         nodes: int = typer.Option(4, min=2, max=8, help="Node processes."),
-        requests: int = typer.Option(24, min=4, help="MMLU five-shot requests per policy."),
+        requests: int = typer.Option(30, min=4, help="MMLU five-shot requests per policy."),
         concurrency: int = typer.Option(2, min=1, help="Requests in flight."),
-        subjects: int = typer.Option(4, min=1, max=57, help="MMLU subjects (shortest five-shot headers first)."),
+        subjects: int = typer.Option(6, min=1, max=57, help="MMLU subjects (shortest five-shot headers first)."),
         policies: str = typer.Option(",".join(DEMO_POLICIES), help="Comma-separated policies to compare."),
         out: Path = typer.Option(Path("p2pinfer-demo.png"), help="Where to write the plot."),
         model: Optional[str] = typer.Option(None, help="GGUF file (default: SmolLM2-135M-Instruct)."),
@@ -140,9 +140,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             f"[bold]p2pinfer demo[/]: {nodes} llama.cpp nodes on this machine, {requests} MMLU five-shot requests "
             f"per policy ({subjects} subjects, random entry nodes, {concurrency} in flight); every policy starts cold."
         )
+        # Like the paper's setting: the subjects fit the swarm's caches together, not one node's.
+        budget = default_cache_budget(subjects, nodes)
+        console.print(f"cache budget: {budget_note(subjects, nodes, budget)}")
         result = _run_or_exit(
             policies=chosen, nodes=nodes, requests=requests, concurrency=concurrency, subjects=subjects,
-            max_tokens=1, cache_tokens=None, threads=1, seed=seed, engine="llama-cpp", model=model, quiet=False,
+            max_tokens=1, cache_tokens=budget, threads=1, seed=seed, engine="llama-cpp", model=model, quiet=False,
         )
         console.print(_table(result["policies"], "time to first token per routing policy"))
         plot = plot_policies(result["policies"], out, f"p2pinfer demo: {nodes} nodes, MMLU five-shot")
@@ -242,12 +245,13 @@ def _subject_prefix_tokens(subjects: int) -> list[int]:
 def default_cache_budget(subjects: int, nodes: int) -> int:
     """Every subject prefix fits in the swarm's caches together, not in one node's.
 
-    Per node: 1.5x its even share of the subject prefixes (plus room for a
-    question), but less than all of them.
+    Per node: 1.5x its even share of the subject prefixes, plus room for
+    the longest one (questions and answers need space too), but less than
+    all of them.
     """
     sizes = _subject_prefix_tokens(subjects)
     total = sum(sizes)
-    share = int(1.5 * total / nodes) + 2 * max(sizes)
+    share = int(1.5 * total / nodes) + max(sizes)
     return max(max(sizes) + 256, min(share, total - 1))
 
 
