@@ -183,6 +183,19 @@ def run_faults(
                     os.killpg(victim.process.pid, signal.SIGKILL)
                     killed["at"] = time.monotonic()
                     killed["in_flight_s"] = trio.current_time() - t0
+                    # Then watch it leave every survivor's view (peer TTL).
+                    while time.monotonic() - killed["at"] < 60:
+                        gone = 0
+                        for node in entries:
+                            try:
+                                st = (await client.get(node.http + "/status", timeout=5.0)).json()
+                            except httpx.HTTPError:
+                                continue
+                            gone += _view_of(st, victim_id) is None
+                        if gone == len(entries):
+                            killed["left_s"] = time.monotonic() - killed["at"]
+                            return
+                        await trio.sleep(0.1)
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(killer)
@@ -194,14 +207,8 @@ def run_faults(
         elapsed = time.monotonic() - t_start
         victim.process.wait(10)
 
-        # Leaving every view (peer TTL), then rejoining with an empty cache.
-        left_s = rejoined_s = None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if all(_view_of(_status(http, n), victim_id) is None for n in entries):
-                left_s = time.monotonic() - killed["at"]
-                break
-            time.sleep(0.1)
+        # Rejoining with an empty cache, after a restart with the same key.
+        left_s, rejoined_s = killed.get("left_s"), None
         if restart:
             t_restart = time.monotonic()
             # LocalSwarm keeps each node's key file: the same peer id comes back.

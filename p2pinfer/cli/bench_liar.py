@@ -19,14 +19,18 @@ the last request the liar received in ``liar``; the figures compare mean
 time to first token after it with the honest swarm's over the same
 requests.
 
-The default policy is ``paper`` (longest advertised match; ties drawn at
-random), under which a lie of equal length wins half the ties. Under
-``cost`` the liar also competes on measured RTT and load, so it attracts
-less, and fewer mispredictions are needed to find it out.
+The default policy is the node's default, ``cost``: the liar competes on
+its claimed match like a holder, and also on measured RTT and reported
+queue, so it stops attracting work once its queue of cold prefills shows.
+Under ``paper`` (longest advertised match; ties drawn at random; only the
+busy valve looks at load) a lie of equal length wins half the ties until
+the origins find it out, and more forwards are in flight to the slow liar
+when the first mispredictions come back.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 import json
 import random
@@ -128,7 +132,7 @@ def run_side_by_side(
     rate_rps: float,
     speed: float,
     seed: int,
-    policy: str = "paper",
+    policy: str = "cost",
     max_tokens: int = 2,
 ) -> dict[str, dict[str, Any]]:
     """All scenarios at once, each its own swarm, fed the same requests at the same instants.
@@ -191,7 +195,7 @@ def run_side_by_side(
                         reused=r["reused_tokens"],
                         tried_x=ids[3] in targets,
                         attempts=len(targets),
-                        outcomes=[(a["target"][-4:], a["outcome"], a["message"][:80]) for a in r["attempts"]],
+                        outcomes=[(a["target"], a["outcome"]) for a in r["attempts"]],
                     )
                 except Exception as exc:  # an explicit failure is a figure, not a crash
                     rec.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:300])
@@ -219,6 +223,7 @@ def summarise(scenario: str, run: dict[str, Any]) -> dict[str, Any]:
         "p50_ttft_ms": _pct(ttft, 0.5),
         "p90_ttft_ms": _pct(ttft, 0.9),
         "requests_to_fourth_node": len(to_x),
+        "attempts_at_fourth_node_by_outcome": dict(Counter(o for r in ok for t, o in r["outcomes"] if t == x_id)),
         "mispredictions_by_fourth_node": len(mispredicted),
         "last_request_to_fourth_node": last_to_x,
         "fourth_node_forwards_served": statuses[3]["counters"]["forwards_served"],
@@ -230,8 +235,9 @@ def summarise(scenario: str, run: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def window_mean(run: dict[str, Any], after: int) -> float | None:
-    return _mean([r["ttft_ms"] for r in run["records"] if r.get("ok") and r["i"] > after])
+def window(run: dict[str, Any], after: int) -> list[float]:
+    """TTFTs of the requests sent after request ``after``."""
+    return [r["ttft_ms"] for r in run["records"] if r.get("ok") and r["i"] > after]
 
 
 def run_liar(
@@ -244,7 +250,7 @@ def run_liar(
     speed: float = 1.0,
     seed: int = 1,
     scenarios: tuple[str, ...] = SCENARIOS,
-    policy: str = "paper",
+    policy: str = "cost",
 ) -> dict[str, Any]:
     from ..core.costmodel import EngineCostModel
 
@@ -271,11 +277,14 @@ def run_liar(
         cut = summary["liar"]["last_request_to_fourth_node"]
         result["cutoff_request"] = cut
         result["requests_after_cutoff"] = requests - 1 - cut
-        after = {name: window_mean(run, cut) for name, run in runs.items()}
-        result["mean_ttft_ms_after_cutoff"] = after
-        if "honest" in runs and after.get("honest") and after.get("liar") is not None:
-            ratio = after["liar"] / after["honest"]
+        after = {name: window(run, cut) for name, run in runs.items()}
+        result["mean_ttft_ms_after_cutoff"] = {name: _mean(v) for name, v in after.items()}
+        result["p50_ttft_ms_after_cutoff"] = {name: _pct(v, 0.5) for name, v in after.items()}
+        means, p50s = result["mean_ttft_ms_after_cutoff"], result["p50_ttft_ms_after_cutoff"]
+        if "honest" in runs and means.get("honest") and means.get("liar") is not None:
+            ratio = means["liar"] / means["honest"]
             result["ttft_ratio_liar_to_honest_after_cutoff"] = round(ratio, 3)
+            result["p50_ratio_liar_to_honest_after_cutoff"] = round(p50s["liar"] / p50s["honest"], 3)
             result["within_10_percent"] = abs(ratio - 1.0) <= 0.10
     return result
 
@@ -290,7 +299,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         rate: float = typer.Option(2.0, min=0.1, help="Requests per second (open loop)."),
         speed: float = typer.Option(1.0, min=0.0, help="Cost model scale: 1 = the calibrated real engine."),
         seed: int = typer.Option(1),
-        policy: str = typer.Option("paper", help="Routing policy of every node (paper: longest claimed match wins)."),
+        policy: str = typer.Option("cost", help="Routing policy of every node: cost (the default) or paper (longest claimed match)."),
         scenario: list[str] = typer.Option(list(SCENARIOS), help="Scenarios to run (repeatable)."),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:

@@ -88,6 +88,8 @@ class PeerSanctions:
         log.warning("peer %s distrusted for %.0f s: %s", peer_id, self.distrust_s, reason)
         if len(self._until) > _MAX_REMEMBERED:
             self.expire(now)
+            while len(self._until) > _MAX_REMEMBERED:  # a flood of identities: forget the oldest
+                del self._until[min(self._until, key=self._until.__getitem__)]
 
     def is_distrusted(self, peer_id: str, now: float | None = None) -> bool:
         until = self._until.get(peer_id)
