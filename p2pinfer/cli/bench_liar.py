@@ -58,7 +58,7 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
 
 
-class _Swarm:
+class LiarSwarm:
     """The four node processes of one scenario."""
 
     def __init__(self, scenario: str, *, prefix_tokens: int, suffix_tokens: int, speed: float, policy: str) -> None:
@@ -122,6 +122,24 @@ class _Swarm:
             node.close()
 
 
+def workload(
+    seed: int, groups: int, prefix_tokens: int, suffix_tokens: int, requests: int
+) -> tuple[list[list[int]], list[tuple[int, int, int, list[int]]]]:
+    """The first request of each group, then ``(index, group, entry node, tokens)`` per request.
+
+    Group g lives on honest node g % 3; a request for it enters at one of
+    the two other honest nodes, so it is routed by the digests.
+    """
+    rng = random.Random(seed)
+    prefixes = [_prompt(rng, prefix_tokens) for _ in range(groups)]
+    seeds = [p + _prompt(rng, suffix_tokens) for p in prefixes]
+    plan = []
+    for i in range(requests):
+        g = rng.randrange(groups)
+        plan.append((i, g, (g + 1 + i % 2) % 3, prefixes[g] + _prompt(rng, suffix_tokens)))
+    return seeds, plan
+
+
 def run_side_by_side(
     scenarios: tuple[str, ...],
     *,
@@ -143,19 +161,13 @@ def run_side_by_side(
     """
     from ..net.testing import wait_until
 
-    rng = random.Random(seed)
-    prefixes = [_prompt(rng, prefix_tokens) for _ in range(groups)]
-    seeds = [p + _prompt(rng, suffix_tokens) for p in prefixes]
-    plan = []
-    for i in range(requests):
-        g = rng.randrange(groups)
-        plan.append((i, g, (g + 1 + i % 2) % 3, prefixes[g] + _prompt(rng, suffix_tokens)))  # never the holder
-    swarms: dict[str, _Swarm] = {}
+    seeds, plan = workload(seed, groups, prefix_tokens, suffix_tokens, requests)
+    swarms: dict[str, LiarSwarm] = {}
     try:
         with ThreadPoolExecutor(len(scenarios)) as pool:
             futures = {
                 name: pool.submit(
-                    _Swarm, name, prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, speed=speed, policy=policy
+                    LiarSwarm, name, prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, speed=speed, policy=policy
                 )
                 for name in scenarios
             }
