@@ -231,6 +231,66 @@ def naive_baseline(
     }
 
 
+def live_sequences_experiment(
+    model_path: str,
+    pairs: list[tuple[list[int], list[int]]],
+    prefix_tokens: int,
+    *,
+    threads: int,
+    context_size: int,
+    batch_size: int,
+    flash_attn: bool | None,
+    decode_tokens: int,
+) -> dict[str, Any]:
+    """The design we did not keep: cached prompts stay live as other sequences of
+    one context and a hit copies the prefix with ``llama_memory_seq_cp`` (no
+    data moves). Cold runs with the earlier prompt resident, as it would be."""
+    import llama_cpp as ll
+
+    from ..engines.llama_runtime import SCRATCH_SEQ, WORK_SEQ, LlamaRuntime, SamplerSpec
+
+    rt = LlamaRuntime(
+        model_path, n_ctx=context_size, n_batch=batch_size, n_gpu_layers=0, n_threads=threads, flash_attn=flash_attn
+    )
+
+    def greedy(prompt: list[int], start: int) -> tuple[float, list[int], bytes]:
+        sampler = rt.new_sampler(SamplerSpec(0.0, 0, 1.0, None))
+        try:
+            t0 = time.perf_counter()
+            index = rt.prefill(prompt[start:], start)
+            token = rt.sample(sampler, index)
+            ttft = time.perf_counter() - t0
+            logits = rt.logits(index)
+            out = [token]
+            for i in range(decode_tokens - 1):
+                token = rt.sample(sampler, rt.prefill([token], len(prompt) + i))
+                out.append(token)
+            return ttft, out, logits
+        finally:
+            rt.free_sampler(sampler)
+
+    rows = []
+    try:
+        for prompt, earlier in pairs:
+            rt.clear()
+            rt.prefill(earlier, 0, seq=SCRATCH_SEQ)  # the cache holds the earlier prompt
+            cold_s, cold_out, cold_logits = greedy(prompt, 0)
+            ll.llama_memory_seq_rm(rt.mem, WORK_SEQ, -1, -1)
+            ll.llama_memory_seq_cp(rt.mem, SCRATCH_SEQ, WORK_SEQ, 0, prefix_tokens)
+            warm_s, warm_out, warm_logits = greedy(prompt, prefix_tokens)
+            rows.append((cold_s, warm_s, cold_out == warm_out, cold_logits == warm_logits))
+    finally:
+        rt.close()
+    return {
+        "method": "cached prompts as live sequences of one context, llama_memory_seq_cp on a hit",
+        "cold_ttft_ms": round(_median([r[0] for r in rows]) * 1000, 2),
+        "warm_ttft_ms": round(_median([r[1] for r in rows]) * 1000, 2),
+        "warm_over_cold": round(_median([r[1] / r[0] for r in rows]), 4),
+        "greedy_identical": [r[2] for r in rows],
+        "first_logits_bit_identical": [r[3] for r in rows],
+    }
+
+
 def llm_state_size(state: Any) -> int:
     return int(getattr(state, "llama_state_size", 0))
 
@@ -251,6 +311,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         batch_size: int = typer.Option(0, min=0, help="Prefill batch (0: the engine's default)."),
         flash_attn: str = typer.Option("auto", help="llama.cpp flash attention: auto, on or off."),
         naive: bool = typer.Option(False, "--naive", help="Also measure Llama.save_state/load_state side by side."),
+        live: bool = typer.Option(
+            False, "--live-sequences", help="Also measure the rejected design: prefixes as live sequences (seq_cp)."
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Cold against warm time to first token on a ~1,100-token prompt sharing 1,070 tokens."""
@@ -283,12 +346,21 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                     engine, prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, reps=reps,
                     decode_tokens=decode_tokens,
                 )
-                if naive and engine_name == "llama-cpp":
+                if naive and engine_name == "llama-cpp":  # same prompts, one after the other
                     pairs = _pairs(engine, prefix_tokens, suffix_tokens, reps)
                     result["naive_full_state"] = await trio.to_thread.run_sync(
                         lambda: naive_baseline(
                             str(engine.model_path), pairs, prefix_tokens, threads=engine.threads,
                             context_size=context_size, flash_attn=flash_attn != "off",
+                        )
+                    )
+                if live and engine_name == "llama-cpp":
+                    pairs = _pairs(engine, prefix_tokens, suffix_tokens, reps)
+                    result["live_sequences"] = await trio.to_thread.run_sync(
+                        lambda: live_sequences_experiment(
+                            str(engine.model_path), pairs, prefix_tokens, threads=engine.threads,
+                            context_size=context_size, batch_size=engine.batch_size,
+                            flash_attn=engine.flash_attn, decode_tokens=decode_tokens,
                         )
                     )
                 return result

@@ -229,7 +229,9 @@ class LlamaRuntime:
     def work_len(self) -> int:
         return int(_ll.llama_memory_seq_pos_max(self.mem, WORK_SEQ)) + 1
 
-    def prefill(self, tokens: Sequence[int], pos0: int, cancel: threading.Event | None = None) -> int:
+    def prefill(
+        self, tokens: Sequence[int], pos0: int, cancel: threading.Event | None = None, *, seq: int = WORK_SEQ
+    ) -> int:
         """Evaluate ``tokens`` at positions ``pos0...`` of the working sequence.
 
         Returns the batch index whose logits the sampler reads. Checks
@@ -244,13 +246,13 @@ class LlamaRuntime:
                 raise JobCancelled()
             chunk = tokens[off : off + n]
             batch.n_tokens = n
-            tok, pos, nseq, seq, logits = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
+            tok, pos, nseq, seqs, logits = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
             base = pos0 + off
             for j in range(n):
                 tok[j] = chunk[j]
                 pos[j] = base + j
                 nseq[j] = 1
-                seq[j][0] = WORK_SEQ
+                seqs[j][0] = seq
                 logits[j] = False
             logits[n - 1] = True
             rc = _ll.llama_decode(self.ctx, batch)
