@@ -326,6 +326,8 @@ class LlamaCppEngine(Engine):
         """Re-save cut spans, restore the cached prefix, evaluate the rest, sample."""
         from .llama_runtime import RestoreError, SamplerSpec  # noqa: PLC0415
 
+        if self._closed:
+            raise EngineError("the engine is closed")
         rt = self._rt
         self._collect_garbage()
         trimmed: list[tuple[Segment[bytearray], bytearray | None, int, int]] = []
@@ -363,6 +365,8 @@ class LlamaCppEngine(Engine):
         """Save the prompt's new span (once), then evaluate ``token`` and sample the next."""
         if req.cancel.is_set():
             raise _Cancelled()
+        if self._closed:  # aclose() freed the context while this request waited
+            raise EngineError("the engine is closed")
         rt = self._rt
         saved: Any = None
         if save_from is not None:

@@ -16,6 +16,7 @@ import trio
 from p2pinfer.cli.bench_engine import bench_texts
 from p2pinfer.core.radix import TreeEvent
 from p2pinfer.engines import (
+    EngineError,
     GenerationParams,
     GenerationRecord,
     InvalidRequestError,
@@ -336,3 +337,15 @@ def test_engine_is_found_through_its_entry_point_with_a_stable_fingerprint(engin
         assert other.n_gpu_layers == (-1 if other.gpu_offload_supported else 0)
     finally:
         trio.run(other.aclose)
+
+
+async def test_closing_the_engine_mid_generation_fails_that_request_cleanly() -> None:
+    engine = LlamaCppEngine(context_size=256, cache_tokens=100)
+    prompt = engine.chat_tokens([{"role": "user", "content": "Tell me a story."}])
+    agen = engine.generate(prompt, GenerationParams(max_tokens=32))
+    assert isinstance(await agen.__anext__(), TokenChunk)
+    await engine.aclose()
+    with pytest.raises(EngineError, match="closed"):
+        await agen.__anext__()
+    with pytest.raises(EngineError, match="closed"):
+        await engine.generate(prompt, GenerationParams()).__anext__()
