@@ -14,7 +14,7 @@ sim_app = typer.Typer(
     no_args_is_help=False,
 )
 
-EXPERIMENT_NAMES = ("latency", "latency-fast", "skew", "specialisation", "hotspot", "load", "scale")
+EXPERIMENT_NAMES = ("latency", "latency-fast", "skew", "specialisation", "hotspot", "load", "ablations", "scale")
 
 
 def _progress_bar(total: int, description: str) -> tuple[Any, Any]:
@@ -76,6 +76,9 @@ def simulate(
     work_weight: float = typer.Option(
         0.0, min=0.0, max=10.0, help="CostModel.work_weight for cost and oracle: weight of the prefill work itself."
     ),
+    drain: bool = typer.Option(
+        True, "--drain/--no-drain", help="CostModel.drain_reported_queue (switch off to measure what it brings)."
+    ),
     delta_interval: float = typer.Option(0.25, min=0.001, help="Seconds between digest deltas."),
     full_interval: float = typer.Option(5.0, min=0.001, help="Seconds between full digests."),
     load_interval: float = typer.Option(1.0, min=0.001, help="Seconds between load reports."),
@@ -129,6 +132,7 @@ def simulate(
         busy_valve=busy_valve,
         busy_queue_ms=busy_queue_ms,
         work_weight=work_weight,
+        drain_reported_queue=drain,
         gossip=GossipConfig(delta_interval, full_interval, load_interval, peer_ttl),
         topic_size=topic_size,
         churn_interval_s=churn_interval,
@@ -166,7 +170,7 @@ def simulate(
 
 @sim_app.command("experiment")
 def experiment(
-    name: str = typer.Argument(..., help="latency, latency-fast, skew, specialisation, hotspot, load or scale."),
+    name: str = typer.Argument(..., help="latency, latency-fast, skew, specialisation, hotspot, load, ablations or scale."),
     out: Path = typer.Option(Path("docs/results"), help="Folder for the JSON and PNG outputs."),
     seeds: Optional[int] = typer.Option(None, min=1, help="Seeds per point (default: the experiment's own)."),
     requests: Optional[int] = typer.Option(None, min=100, help="Requests per run (default: the experiment's own)."),

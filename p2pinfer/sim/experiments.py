@@ -462,7 +462,7 @@ def hotspot(out: Path, *, seeds: int = 3, requests: int = 3000, quick: bool = Fa
         axes[1].bar(xs, [m[p]["ttft_ms_mean"] for p in policies], width, label=vname)
         axes[2].bar(xs, [m[p]["served_max_over_mean"] for p in policies], width, label=vname)
     for ax, title in zip(axes, ("p99 TTFT (ms)", "mean TTFT (ms)", "load imbalance: max / mean requests served per node"), strict=True):
-        ax.set_xticks([i + width * (len(valves) - 1) / 2 for i in range(len(policies))], policies)
+        ax.set_xticks([i + width * (len(valves) - 1) / 2 for i in range(len(policies))], policies, rotation=25, fontsize=8)
         ax.set_title(title, fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
     axes[0].set_yscale("log")
@@ -518,6 +518,55 @@ def load(out: Path, *, seeds: int = 3, requests: int = 3000, quick: bool = False
         "runs": rows,
     }
     data["files"] = _write(out, "load", data, fig)
+    return data
+
+
+# -- ablations ---------------------------------------------------------------
+
+
+def ablations(out: Path, *, seeds: int = 5, requests: int = 3000, quick: bool = False, progress: Progress | None = None) -> dict[str, Any]:
+    """What each change to the core brings, at the base setting, side by side."""
+    if quick:
+        seeds = min(seeds, 2)
+    fast_load = GossipConfig(load_interval_s=0.01)
+    variants: list[tuple[str, str, dict[str, Any]]] = [
+        ("cost, valve off", "cost", {"busy_valve": False}),
+        ("cost, valve off, no queue drain", "cost", {"busy_valve": False, "drain_reported_queue": False}),
+        ("cost, valve off, no queue drain, load every 10 ms", "cost", {"busy_valve": False, "drain_reported_queue": False, "gossip": fast_load}),
+        ("oracle, valve off", "oracle", {"busy_valve": False}),
+        ("cost, valve 4 s", "cost", {"busy_queue_ms": 4000.0}),
+        ("cost, valve 15 s", "cost", {"busy_queue_ms": 15000.0}),
+        ("paper, valve off", "paper", {"busy_valve": False}),
+        ("paper, valve 4 s", "paper", {"busy_queue_ms": 4000.0}),
+        ("paper, valve 15 s", "paper", {"busy_queue_ms": 15000.0}),
+        ("oracle, valve 4 s", "oracle", {"busy_queue_ms": 4000.0}),
+        ("oracle, valve 15 s", "oracle", {"busy_queue_ms": 15000.0}),
+        ("cost w=1, valve 15 s", "cost", {"work_weight": 1.0}),
+    ]
+    spec = WorkloadSpec(requests=requests)
+    runner = _Runner(progress, seeds * len(variants))
+    rows = []
+    for seed in range(1, seeds + 1):
+        for label, pol, kw in variants:
+            r = runner.run(SimConfig(nodes=4, policy=pol, seed=seed, **kw), spec, f"ablation {label} seed {seed}")
+            rows.append(_compact(r, label, seed=seed))
+    agg = _aggregate(rows, ["ttft_ms_mean", "ttft_ms_p99", "hit_rate", "utilisation_mean"], ["policy"])
+    order = {label: i for i, (label, _, _) in enumerate(variants)}
+    agg.sort(key=lambda a: order[a["policy"]])
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(10, 5))
+    ax.barh([a["policy"] for a in agg], [a["ttft_ms_mean"] for a in agg], xerr=[[a["ttft_ms_mean"] - a["ttft_ms_mean_min"] for a in agg], [a["ttft_ms_mean_max"] - a["ttft_ms_mean"] for a in agg]], color="#1f77b4")
+    ax.invert_yaxis()
+    ax.set_xlabel(f"mean time to first token (ms), mean of {seeds} seeds, bars: min..max")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.suptitle("Ablations at the base setting (4 nodes, 1 ms per hop, 0.35 req/s per node, MMLU uniform)")
+    data = {
+        "experiment": "ablations",
+        "setting": {**BASE_SETTING, "requests_per_run": requests, "seeds": seeds},
+        "summary": agg,
+        "runs": rows,
+    }
+    data["files"] = _write(out, "ablations", data, fig)
     return data
 
 
@@ -639,6 +688,7 @@ EXPERIMENTS: dict[str, Callable[..., dict[str, Any]]] = {
     "specialisation": specialisation,
     "hotspot": hotspot,
     "load": load,
+    "ablations": ablations,
     "scale": scale,
 }
 

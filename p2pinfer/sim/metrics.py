@@ -110,6 +110,7 @@ def summarise(sim: Simulator, wall_s: float) -> dict[str, Any]:
             "loss": cfg.loss,
             "cache_tokens_per_node": cfg.cache_tokens,
             "work_weight": cfg.work_weight,
+            "drain_reported_queue": cfg.drain_reported_queue,
             "busy_valve": cfg.busy_valve,
             "busy_queue_ms": cfg.busy_queue_ms,
             "busy_backoff_s": cfg.busy_backoff_s,

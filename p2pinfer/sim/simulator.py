@@ -118,6 +118,8 @@ class SimConfig:
     cost: EngineCostModel = field(default_factory=EngineCostModel)
     work_weight: float = 0.0
     """CostModel.work_weight of the cost and oracle policies (0: the core default)."""
+    drain_reported_queue: bool = True
+    """CostModel.drain_reported_queue of the cost policy (an ablation switch)."""
     trust: TrustConfig = field(default_factory=TrustConfig)
     seed: int = 1
     record_decisions: bool = False
@@ -319,7 +321,7 @@ class Simulator:
         router = Router(node_id, self.fingerprint, cache, config=self.router_config, seed=self.config.seed * 1_000_003 + idx)
         topic = self._assign_topic()
         node = SimNode(idx, node_id, router, self.config.cost, topic, self.now)
-        if self.config.policy == "cost" and self.config.work_weight:
+        if self.config.policy == "cost" and (self.config.work_weight or not self.config.drain_reported_queue):
             router.policy = self._cost_rule()
         if self.config.policy == "oracle":
             router.policy = OraclePolicy(self, node, self._cost_rule())
@@ -353,7 +355,8 @@ class Simulator:
             node.router.on_digest(decode_digest(other.router.full_digest()), now)
 
     def _cost_rule(self) -> CostPolicy:
-        return CostPolicy(model=CostModel(work_weight=self.config.work_weight))
+        cfg = self.config
+        return CostPolicy(model=CostModel(work_weight=cfg.work_weight, drain_reported_queue=cfg.drain_reported_queue))
 
     # -- gossip --------------------------------------------------------------
     def _publish(self, src: SimNode, kind: str, obj: Any, payload_len: int, wire_len: int) -> None:
