@@ -284,7 +284,10 @@ class ForwardClient:
             started = False
             try:
                 try:
-                    await write_frame(conn.stream, request)
+                    try:
+                        await write_frame(conn.stream, request)
+                    except FrameError as exc:  # e.g. a pooled stream the peer has reset
+                        raise ForwardFailed(f"cannot send to {peer_id}: {exc}") from None
                     data = await self._read(conn, peer_id, deadline, started)
                 except ForwardFailed:
                     if reused:
