@@ -12,6 +12,7 @@ import csv
 from dataclasses import dataclass
 import importlib.resources
 import io
+import itertools
 import lzma
 from pathlib import Path
 import random
@@ -96,6 +97,16 @@ def load_mmlu(path: str | Path | None = None, *, max_test: int | None = None) ->
     return subjects
 
 
+_ORDERS = list(itertools.permutations(range(4)))
+"""The 24 orders of four choices, the original first."""
+
+
+def _reorder(q: MMLUQuestion, order: tuple[int, ...]) -> MMLUQuestion:
+    choices = tuple(q.choices[k] for k in order)
+    answer = "ABCD"[order.index("ABCD".index(q.answer))]
+    return MMLUQuestion(q.question, choices, answer)  # type: ignore[arg-type]
+
+
 def format_question(q: MMLUQuestion, *, with_answer: bool) -> str:
     text = f"{q.question.strip()}\nA. {q.choices[0]}\nB. {q.choices[1]}\nC. {q.choices[2]}\nD. {q.choices[3]}\nAnswer:"
     return text + (f" {q.answer}\n\n" if with_answer else "")
@@ -141,26 +152,37 @@ class MMLUWorkload:
         """Probability of each subject (in ``subjects`` order)."""
         self._choice = WeightedChoice(by_subject)
         self._cycles: dict[int, list[int]] = {}
+        self._cycle_no: dict[int, int] = {}
 
     def header(self, subject_index: int) -> str:
         return self._headers[subject_index]
 
-    def prompt(self, subject_index: int, question_index: int) -> Prompt:
+    def prompt(self, subject_index: int, question_index: int, variant: int = 0) -> Prompt:
+        """Subject header plus one test question; ``variant`` k > 0 presents
+        the choices in the k-th other order (24 orders in all)."""
         subject = self.subjects[subject_index]
-        question = format_question(subject.test[question_index % len(subject.test)], with_answer=False)
+        q = subject.test[question_index % len(subject.test)]
+        if variant % len(_ORDERS):
+            q = _reorder(q, _ORDERS[variant % len(_ORDERS)])
+        question = format_question(q, with_answer=False)
         return Prompt(subject.name, (self._headers[subject_index], question), output_tokens=self.output_tokens)
 
     def draw(self, rng: random.Random) -> Prompt:
-        """A subject by popularity, then its next question: each subject's
-        questions come in a shuffled cycle, so a question repeats only after
-        all the others of its subject were asked."""
+        """A subject by popularity, then its next question.
+
+        Each subject's questions come in a shuffled cycle; every later cycle
+        presents the choices in another order (the usual MMLU permutation
+        check), so a prompt repeats exactly only after 24 cycles. The
+        question text itself is shared between cycles, as it would be.
+        """
         i = self._choice.draw(rng)
         cycle = self._cycles.get(i)
         if not cycle:
             cycle = list(range(len(self.subjects[i].test)))
             rng.shuffle(cycle)
             self._cycles[i] = cycle
-        return self.prompt(i, cycle.pop())
+            self._cycle_no[i] = self._cycle_no.get(i, -1) + 1
+        return self.prompt(i, cycle.pop(), self._cycle_no[i])
 
     def prompts(self, n: int, rng: random.Random) -> list[Prompt]:
         return [self.draw(rng) for _ in range(n)]

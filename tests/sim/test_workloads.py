@@ -57,10 +57,16 @@ def test_zipf_popularity(subjects, s: float) -> None:  # type: ignore[no-untyped
         assert counts[wl.ranked[0]] > 3 * counts[wl.ranked[9]]
 
 
-def test_questions_repeat_only_after_the_whole_pool(subjects) -> None:  # type: ignore[no-untyped-def]
+def test_prompts_do_not_repeat_before_24_cycles(subjects) -> None:  # type: ignore[no-untyped-def]
     wl = MMLUWorkload(subjects[:1], seed=1)
-    seen = [p.parts[1] for p in wl.prompts(250, random.Random(4))]
-    assert len(set(seen[:100])) == 100 and set(seen[100:200]) == set(seen[:100])
+    seen = [p.parts[1] for p in wl.prompts(2400, random.Random(4))]
+    assert len(set(seen)) == 2400  # 100 questions x 24 orders of the choices
+    stems = [text.split("\nA. ")[0] for text in seen]
+    assert set(stems[:100]) == set(stems[100:200]) and len(set(stems[:100])) == 100
+    first, second = seen[:100], seen[100:200]
+    q = subjects[0].test[0]
+    assert sum(q.question.strip() in t for t in first) == sum(q.question.strip() in t for t in second) == 1
+    assert not set(first) & set(second)
 
 
 def test_hot_popularity_and_bad_specs(subjects) -> None:  # type: ignore[no-untyped-def]
