@@ -71,7 +71,10 @@ class LiarSwarm:
         gossip = GossipConfig()
         trust = TrustConfig(floor=0.0) if scenario == "liar_without_defence" else TrustConfig()
         router = RouterConfig(policy=policy, gossip=gossip, trust=trust)
-        common = {"speed": speed, "gossip": gossip, "stall_timeout_s": 60.0, "request_timeout_s": 120.0}
+        common = {
+            "speed": speed, "gossip": gossip, "stall_timeout_s": 60.0, "request_timeout_s": 120.0,
+            "connect_timeout_s": 10.0,  # the default: opening a stream takes seconds on a starved machine
+        }
         # The fourth node caches about two requests: lying costs it nothing, and
         # what it is sent does not stay long enough to make its claims true.
         small = {"cache_tokens": 2 * (prefix_tokens + suffix_tokens)}
