@@ -8,15 +8,41 @@ answer. Time is passed in (seconds on any monotonic clock), never read.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence, Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 from sortedcontainers import SortedList
 
 from .digest import Digest
 
-__all__ = ["ApplyResult", "Load", "PeerState", "PeerView"]
+__all__ = ["ApplyResult", "Load", "PeerState", "PeerView", "longest_prefix_holders"]
+
+K = TypeVar("K", bound=Hashable)
+
+
+def longest_prefix_holders(index: Mapping[int, AbstractSet[K]], block_hashes: Sequence[int]) -> dict[K, int]:
+    """Holders of a prefix of ``block_hashes`` in ``index`` (hash -> holders) -> matched blocks.
+
+    Chained hashes make block *i* imply blocks 0..i-1, but a view can be
+    inconsistent (a lost delta), so a match stops at the holder's first gap.
+    Cost: O(blocks matched x holders still matching).
+    """
+    matched: dict[K, int] = {}
+    alive: set[K] | None = None
+    for i, h in enumerate(block_hashes):
+        holders = index.get(h)
+        if not holders:
+            break
+        if alive is None:
+            alive = set(holders)
+        else:
+            alive &= holders
+            if not alive:
+                break
+        for holder in alive:
+            matched[holder] = i + 1
+    return matched
 
 ApplyResult = Literal["applied", "stale", "gap", "fingerprint"]
 
@@ -253,27 +279,8 @@ class PeerView:
 
     # -- queries -------------------------------------------------------------
     def longest_matches(self, block_hashes: Sequence[int]) -> dict[str, int]:
-        """Peers holding a prefix of ``block_hashes`` -> matched blocks.
-
-        Chained hashes make block *i* imply blocks 0..i-1, but a peer's view
-        can be inconsistent (lost delta), so a match stops at the first gap.
-        """
-        index = self._index
-        matched: dict[str, int] = {}
-        alive: set[str] | None = None
-        for i, h in enumerate(block_hashes):
-            holders = index.get(h)
-            if not holders:
-                break
-            if alive is None:
-                alive = set(holders)
-            else:
-                alive &= holders
-                if not alive:
-                    break
-            for peer_id in alive:
-                matched[peer_id] = i + 1
-        return matched
+        """Peers holding a prefix of ``block_hashes`` -> matched blocks."""
+        return longest_prefix_holders(self._index, block_hashes)
 
     def hashes_indexed(self) -> int:
         return len(self._index)

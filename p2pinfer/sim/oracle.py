@@ -30,7 +30,7 @@ import random
 from typing import TYPE_CHECKING
 
 from ..core.blocks import BlockHasher
-from ..core.peers import PeerState
+from ..core.peers import PeerState, longest_prefix_holders
 from ..core.policies import CostPolicy, Decision, LocalState, RouteRequest
 from ..core.radix import RadixTree, TreeEvent
 
@@ -114,21 +114,7 @@ class OracleView:
         )
 
     def longest_matches(self, block_hashes: Sequence[int]) -> dict[str, int]:
-        holders_of = self.sim.oracle_index.holders  # type: ignore[union-attr]
-        matched: dict[int, int] = {}
-        alive: set[int] | None = None
-        for i, h in enumerate(block_hashes):
-            holders = holders_of.get(h)
-            if not holders:
-                break
-            if alive is None:
-                alive = set(holders)
-            else:
-                alive &= holders
-                if not alive:
-                    break
-            for n in alive:
-                matched[n] = i + 1
+        matched = longest_prefix_holders(self.sim.oracle_index.holders, block_hashes)  # type: ignore[union-attr]
         matched.pop(self.decider.idx, None)
         nodes = self.sim.nodes
         return {nodes[n].id: blocks for n, blocks in matched.items()}
