@@ -602,18 +602,28 @@ def scale(
     # Series B: the largest swarm under a bandwidth budget (topics, scaled gossip): topics
     # of a few nodes need more requests to warm their caches, so B runs long_per_node.
     plans: list[tuple[int, str, int, SimConfig]] = []
+    skipped: list[dict[str, Any]] = []
+
+    def plan(n: int, variant: str, n_requests: int, cfg: SimConfig) -> None:
+        try:
+            cfg.validate()
+        except ValueError as exc:  # the peer views would not fit in memory
+            skipped.append({"nodes": n, "variant": variant, "why": str(exc)})
+            return
+        plans.append((n, variant, n_requests, cfg))
+
     for n in sizes:
         short = max(3000, per_node * n)
-        plans.append((n, "oracle (central, exact)", short, SimConfig(nodes=n, policy="oracle", warmup=SCALE_WARMUP)))
-        plans.append((n, "one topic, default gossip", short, SimConfig(nodes=n, warmup=SCALE_WARMUP)))
+        plan(n, "oracle (central, exact)", short, SimConfig(nodes=n, policy="oracle", warmup=SCALE_WARMUP))
+        plan(n, "one topic, default gossip", short, SimConfig(nodes=n, warmup=SCALE_WARMUP))
     short_max = max(3000, per_node * largest)
-    plans.append((largest, "one topic, scaled gossip", short_max, SimConfig(nodes=largest, gossip=SCALED_GOSSIP, warmup=SCALE_WARMUP)))
+    plan(largest, "one topic, scaled gossip", short_max, SimConfig(nodes=largest, gossip=SCALED_GOSSIP, warmup=SCALE_WARMUP))
     if long_n != short_max:
-        plans.append((largest, "oracle (central, exact)", long_n, SimConfig(nodes=largest, policy="oracle", warmup=SCALE_WARMUP)))
+        plan(largest, "oracle (central, exact)", long_n, SimConfig(nodes=largest, policy="oracle", warmup=SCALE_WARMUP))
     for g in topic_sizes:
         if g < largest:
             cfg = SimConfig(nodes=largest, topic_size=g, gossip=SCALED_GOSSIP, warmup=SCALE_WARMUP)
-            plans.append((largest, f"topics of {g}, scaled gossip", long_n, cfg))
+            plan(largest, f"topics of {g}, scaled gossip", long_n, cfg)
     runner = _Runner(progress, len(plans) * seeds)
     rows = []
     for seed in range(1, seeds + 1):
@@ -675,6 +685,7 @@ def scale(
         "setting": {**BASE_SETTING, "sizes": sizes, "requests_per_node": per_node, "long_requests_per_node": long_per_node, "warmup_share": SCALE_WARMUP, "seeds": seeds, "scaled_gossip": {"delta_interval_s": SCALED_GOSSIP.delta_interval_s, "full_interval_s": SCALED_GOSSIP.full_interval_s, "load_interval_s": SCALED_GOSSIP.load_interval_s, "peer_ttl_s": SCALED_GOSSIP.peer_ttl_s}},
         "summary": agg,
         "targets": targets,
+        "skipped": skipped,
         "runs": rows,
     }
     data["files"] = _write(out, "scale", data, fig)

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 import hashlib
 import heapq
 import math
+import os
 import random
 import statistics
 import time
@@ -77,6 +78,13 @@ def _peer_id(seed: int, idx: int) -> str:
         n, r = divmod(n, 58)
         chars.append(_B58[r])
     return "12D3KooW" + "".join(chars)
+
+
+def _memory_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def default_fingerprint(tokenizer_name: str) -> ModelFingerprint:
@@ -139,6 +147,25 @@ class SimConfig:
         if not 0 <= self.warmup < 1:
             raise ValueError("warmup must be in [0, 1)")
         parse_latency(self.latency)
+        need, have = self.view_memory_estimate(), _memory_bytes()
+        if have and need > 0.6 * have:
+            raise ValueError(
+                f"{self.nodes} nodes in topics of {self.topic_nodes()} may need {need / 2**30:.0f} GiB for the "
+                f"peer views (each node indexes every block its topic peers cache), more than 60 % of this "
+                f"machine's {have / 2**30:.0f} GiB: use --topic-size or fewer nodes"
+            )
+
+    def topic_nodes(self) -> int:
+        return min(self.topic_size, self.nodes) if self.topic_size else self.nodes
+
+    def view_memory_estimate(self) -> int:
+        """Bytes the peer views may need: every node indexes every block its
+        topic peers cache (a dict entry and a holder set, about 300 bytes
+        each in CPython); an upper bound, caches full."""
+        if self.policy == "oracle":
+            return 0
+        blocks = self.cache_tokens // 16
+        return self.nodes * max(0, self.topic_nodes() - 1) * blocks * 300
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
