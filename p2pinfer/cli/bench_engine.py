@@ -291,6 +291,68 @@ def live_sequences_experiment(
     }
 
 
+SWEEP_CONFIGS = ((False, 128), (False, 512), (True, 32), (True, 512))
+"""(flash attention, prefill batch) pairs compared by ``--sweep``."""
+
+
+def config_sweep(
+    model_path: str,
+    tokens: list[int],
+    cut: int,
+    *,
+    threads: int,
+    context_size: int,
+    reps: int,
+    decode_tokens: int,
+) -> list[dict[str, Any]]:
+    """Prefill and decode speed of each configuration, interleaved rep by rep,
+    and whether cutting the prompt at ``cut`` (where a cache hit would end)
+    changes the last token's logits by even one bit."""
+    from ..engines.llama_runtime import LlamaRuntime, SamplerSpec
+
+    rts = {
+        cfg: LlamaRuntime(
+            model_path, n_ctx=context_size, n_batch=cfg[1], n_gpu_layers=0, n_threads=threads, flash_attn=cfg[0]
+        )
+        for cfg in SWEEP_CONFIGS
+    }
+    timing: dict[tuple[bool, int], list[tuple[float, float]]] = {cfg: [] for cfg in SWEEP_CONFIGS}
+    invariant: dict[tuple[bool, int], bool] = {}
+    try:
+        for rep in range(reps):
+            for cfg, rt in rts.items():
+                rt.clear()
+                t0 = time.perf_counter()
+                index = rt.prefill(tokens, 0)
+                t1 = time.perf_counter()
+                whole = rt.logits(index)
+                sampler = rt.new_sampler(SamplerSpec(0.0, 0, 1.0, None))
+                token = rt.sample(sampler, index)
+                t2 = time.perf_counter()
+                for i in range(decode_tokens):
+                    token = rt.sample(sampler, rt.prefill([token], len(tokens) + i))
+                t3 = time.perf_counter()
+                rt.free_sampler(sampler)
+                timing[cfg].append(((t1 - t0) * 1000 / len(tokens), (t3 - t2) * 1000 / decode_tokens))
+                if rep == 0:
+                    rt.clear()
+                    rt.prefill(tokens[:cut], 0)
+                    invariant[cfg] = rt.logits(rt.prefill(tokens[cut:], cut)) == whole
+    finally:
+        for rt in rts.values():
+            rt.close()
+    return [
+        {
+            "flash_attn": "on" if cfg[0] else "off",
+            "batch_size": cfg[1],
+            "prefill_ms_per_token": round(_median([t[0] for t in timing[cfg]]), 3),
+            "decode_ms_per_token": round(_median([t[1] for t in timing[cfg]]), 3),
+            "cut_at_cache_hit_bit_identical": invariant[cfg],
+        }
+        for cfg in SWEEP_CONFIGS
+    ]
+
+
 def llm_state_size(state: Any) -> int:
     return int(getattr(state, "llama_state_size", 0))
 
@@ -313,6 +375,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         naive: bool = typer.Option(False, "--naive", help="Also measure Llama.save_state/load_state side by side."),
         live: bool = typer.Option(
             False, "--live-sequences", help="Also measure the rejected design: prefixes as live sequences (seq_cp)."
+        ),
+        sweep: bool = typer.Option(
+            False, "--sweep", help="Instead: compare flash attention on/off and batch sizes (speed, exactness)."
         ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
@@ -341,6 +406,19 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         async def main() -> dict[str, Any]:
             engine = load_engine(engine_name, **options)
+            if sweep:
+                try:
+                    prompt, _ = _pairs(engine, prefix_tokens, suffix_tokens, 1)[0]
+                    rows = await trio.to_thread.run_sync(
+                        lambda: config_sweep(
+                            str(engine.model_path), prompt, prefix_tokens, threads=engine.threads,
+                            context_size=context_size, reps=reps, decode_tokens=decode_tokens,
+                        )
+                    )
+                    return {"benchmark": "engine-config-sweep", "prompt_tokens": len(prompt),
+                            "cut_at": prefix_tokens, "repetitions": reps, "configs": rows}
+                finally:
+                    await engine.aclose()
             try:
                 result = await run_engine_bench(
                     engine, prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, reps=reps,
@@ -378,6 +456,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         table.add_column("figure")
         table.add_column("value", justify="right")
         for key, value in result.items():
-            if key not in ("runs", "engine"):
+            if key not in ("runs", "engine", "configs"):
                 table.add_row(key, str(value))
+        for row in result.get("configs", []):
+            table.add_row(f"flash {row['flash_attn']}, batch {row['batch_size']}", json.dumps(row))
         Console().print(table)
