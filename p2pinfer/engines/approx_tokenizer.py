@@ -3,7 +3,7 @@
 Used by the simulated engine and by simulator workloads. It mimics a
 GPT-2-style pre-tokenizer (a word with its leading space, or one punctuation
 character) and cuts words longer than 4 characters into 4-character pieces,
-which lands within about 15 % of SmolLM2's BPE token counts on English MMLU
+which counts about 44 % more tokens than SmolLM2's BPE on English MMLU
 text. Ids are a stable hash of the piece, so equal text always gives equal
 ids and equal prefixes give equal token prefixes, which is all that prefix
 caching needs.
