@@ -162,6 +162,9 @@ async def run_engine_bench(
         "floor_over_cold": round(_median([r["warm_prefill_ms"] for r in rows]) / _median(cold_ms), 4),
         "reused_tokens": int(_median([r["reused_tokens"] for r in rows])),
         "restore_ms": round(_median([r["restore_ms"] for r in rows]), 3),
+        "request_overhead_ms": round(
+            _median([r["warm_ttft_ms"] - r["restore_ms"] - r["warm_prefill_ms"] for r in rows]), 3
+        ),
         "greedy_identical_all": all(r["greedy_identical"] for r in rows),
         "prefill_ms_per_token": round(_median(prefill_per_token), 3),
         "decode_ms_per_token": round(_median(decode_ms), 3),
