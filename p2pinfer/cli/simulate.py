@@ -74,7 +74,7 @@ def simulate(
     busy_valve: bool = typer.Option(True, "--busy-valve/--no-busy-valve", help="Nodes over the busy threshold refuse forwards."),
     busy_queue_ms: float = typer.Option(15000.0, min=0.0, help="Queued prefill (ms) above which a node is busy."),
     work_weight: float = typer.Option(
-        0.0, min=0.0, max=10.0, help="CostModel.work_weight for cost and oracle: weight of the prefill work itself."
+        1.0, min=0.0, max=10.0, help="CostModel.work_weight for cost and oracle: weight of the prefill work itself under contention (0: greedy TTFT)."
     ),
     drain: bool = typer.Option(
         True, "--drain/--no-drain", help="CostModel.drain_reported_queue (switch off to measure what it brings)."

@@ -10,7 +10,7 @@ when the chosen peer refuses (BUSY) or dies.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 import random
 from typing import Protocol
 
@@ -144,16 +144,21 @@ class CostModel:
     """Assumed for a peer whose RTT was never measured."""
     stale_load_s: float = 30.0
     """Reported load older than this is ignored (assumed idle)."""
-    work_weight: float = 0.0
+    work_weight: float = 1.0
     """Extra weight of the prefill work a candidate would do, on top of the
     request's own wait for it: work done also delays whoever queues behind
     it. 0 ranks by time to first token alone (greedy per request). The
     simulator found that greedy recomputes cold whenever the prefix holder
     has a queue, and at 0.5 req/s per node (4 nodes, MMLU) that extra work
     saturated the swarm (mean TTFT 19 s) where a weight of 1 kept it at
-    1.8 s; 1 also means forwarding across an RTT of up to twice the prefill
-    it saves. Left at 0 here so that the documented rule holds; see
-    docs/results.md (issue 6)."""
+    1.8 s; on a live swarm whose nodes share CPU cores the cold recompute
+    also slows the holder itself (docs/results.md, issues 6 and 7)."""
+    work_only_under_contention: bool = True
+    """Apply ``work_weight`` only when some candidate has queued work. In an
+    idle swarm nobody waits behind the work, so the rule stays greedy there:
+    it never forwards across a round trip longer than the prefill it saves.
+    Under contention it forwards across round trips up to ``1 +
+    work_weight`` times the prefill saved."""
     drain_reported_queue: bool = True
     """A peer has been working through its reported queue since it reported
     it (one request at a time, at its prefill speed): subtract that work.
@@ -184,8 +189,14 @@ class CostModel:
             queue_ms=queue_ms,
             prefill_ms=prefill_ms,
             digest_age_s=digest_age_s,
-            score_ms=est + self.work_weight * prefill_ms if self.work_weight else None,
         )
+
+    def weigh_work(self, candidates: list[Candidate]) -> list[Candidate]:
+        """Give each candidate its ranking score (see ``work_weight``)."""
+        w = self.work_weight
+        if not w or (self.work_only_under_contention and not any(c.queue_ms > 0 for c in candidates)):
+            return candidates
+        return [replace(c, score_ms=c.est_ttft_ms + w * c.prefill_ms) for c in candidates]
 
 
 def _eligible(view: PeerView, now: float) -> list[PeerState]:
@@ -266,9 +277,11 @@ def _all_candidates(
 class CostPolicy:
     """Minimise estimated time to first token over the local node and peers.
 
-    Forwards only when a peer's estimate beats local recompute by more than
+    Forwards only when a peer's score beats local recompute by more than
     ``tie_ms`` *and* ``tie_ratio``; so on a slow network (RTT above the
-    prefill it would save) it serves locally and degrades to ``local``.
+    prefill it would save, or ``1 + work_weight`` times it under
+    contention: see :class:`CostModel`) it serves locally and degrades to
+    ``local``.
     Among near-ties it picks at random (weighted towards the cheaper) so
     that many origins do not herd onto one peer.
     """
@@ -286,9 +299,11 @@ class CostPolicy:
         local_c = _local_candidate(self.model, request, local) if local.can_serve else None
         # Unmatched peers can only win on queue time; a few cheapest suffice.
         peers = _matched_candidates(self.model, request, view, now, self.spare_peers)
-        ranked = sorted(peers + ([local_c] if local_c else []), key=lambda c: (c.score, c.target))
+        scored = self.model.weigh_work(peers + ([local_c] if local_c else []))
+        ranked = sorted(scored, key=lambda c: (c.score, c.target))
         if not ranked:
             raise NoCandidateError("no peer can serve and this node has no engine")
+        local_c = next((c for c in ranked if c.target == LOCAL), None)
         if local_c is not None:
             # Forwarding must be clearly cheaper than recomputing here.
             margin = max(self.tie_ms, self.tie_ratio * local_c.score)

@@ -124,8 +124,8 @@ class SimConfig:
     warmup: float = 0.1
     """Share of the first arrivals left out of the statistics (cold caches)."""
     cost: EngineCostModel = field(default_factory=EngineCostModel)
-    work_weight: float = 0.0
-    """CostModel.work_weight of the cost and oracle policies (0: the core default)."""
+    work_weight: float = CostModel().work_weight
+    """CostModel.work_weight of the cost and oracle policies (default: the core's)."""
     drain_reported_queue: bool = True
     """CostModel.drain_reported_queue of the cost policy (an ablation switch)."""
     trust: TrustConfig = field(default_factory=TrustConfig)
@@ -348,7 +348,7 @@ class Simulator:
         router = Router(node_id, self.fingerprint, cache, config=self.router_config, seed=self.config.seed * 1_000_003 + idx)
         topic = self._assign_topic()
         node = SimNode(idx, node_id, router, self.config.cost, topic, self.now)
-        if self.config.policy == "cost" and (self.config.work_weight or not self.config.drain_reported_queue):
+        if self.config.policy == "cost":
             router.policy = self._cost_rule()
         if self.config.policy == "oracle":
             router.policy = OraclePolicy(self, node, self._cost_rule())

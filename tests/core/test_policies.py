@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 import pytest
 
 from p2pinfer.core import LOCAL, BlockHasher, Digest, Load, LocalState, ModelFingerprint, PeerView, RouteRequest, make_policy
-from p2pinfer.core.policies import CostPolicy, NoCandidateError
+from p2pinfer.core.policies import CostModel, CostPolicy, NoCandidateError
 
 FP = ModelFingerprint("m", "t", "c")
 H = BlockHasher(FP)
@@ -82,17 +82,42 @@ def test_cost_escapes_local_queue_to_idle_peer() -> None:
     rtt=st.floats(0.0, 20_000.0),
     seed=st.integers(0, 10),
 )
-def test_cost_never_forwards_when_rtt_exceeds_prefill_saved(
+def test_cost_never_forwards_when_rtt_exceeds_weighted_saving(
     local_blocks: int, peer_blocks: int, local_q: int, peer_q: int, rtt: float, seed: int
 ) -> None:
+    """Forward only when RTT < queue saved + (1 + w) x prefill saved, where w
+    is the work weight under contention and 0 in an idle swarm."""
     view = view_with({"a": (peer_blocks, peer_q, rtt), "b": (peer_blocks // 2, peer_q, rtt)})
     loc = local(local_blocks * 16, local_q)
     d = decide("cost", view, loc, seed=seed)
     if d.target != LOCAL:
         chosen = d.candidates[0]
-        local_cost = max(1, len(PROMPT) - local_blocks * 16) * 4.0 + local_q * 4.0
-        saved = local_cost - (chosen.queue_ms + chosen.prefill_ms)
+        w = CostModel().work_weight if (local_q or peer_q) else 0.0
+        local_prefill = max(1, len(PROMPT) - local_blocks * 16) * 4.0
+        saved = (local_q * 4.0 - chosen.queue_ms) + (1 + w) * (local_prefill - chosen.prefill_ms)
         assert chosen.rtt_ms < saved
+
+
+@given(local_blocks=st.integers(0, 64), peer_blocks=st.integers(0, 64), rtt=st.floats(0.0, 20_000.0), seed=st.integers(0, 10))
+def test_idle_swarm_cost_never_forwards_when_rtt_exceeds_prefill_saved(
+    local_blocks: int, peer_blocks: int, rtt: float, seed: int
+) -> None:
+    view = view_with({"a": (peer_blocks, 0, rtt), "b": (peer_blocks // 2, 0, rtt)})
+    d = decide("cost", view, local(local_blocks * 16), seed=seed)
+    if d.target != LOCAL:
+        chosen = d.candidates[0]
+        saved = max(1, len(PROMPT) - local_blocks * 16) * 4.0 - chosen.prefill_ms
+        assert chosen.rtt_ms < saved
+
+
+def test_cost_under_contention_forwards_to_queued_holder_instead_of_recomputing() -> None:
+    """The holder's queue (2,000 ms) is less than twice the prefill it saves
+    (2 x 1,200 ms): greedy TTFT would recompute here, the work weight forwards."""
+    view = view_with({"a": (64, 500, 1.0)})  # full match, 500 queued tokens = 2,000 ms
+    loc = local(64 * 16 - 300)  # 300 tokens (1,200 ms) to prefill here
+    assert decide("cost", view, loc).target == "a"
+    greedy = CostPolicy(model=CostModel(work_weight=0.0)).decide(REQ, loc, view, 0.0, random.Random(1))
+    assert greedy.is_local
 
 
 def test_cost_near_ties_spread_over_peers() -> None:
