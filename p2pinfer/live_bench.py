@@ -50,6 +50,9 @@ class RequestOutcome:
     reused: int = 0
     status: int = 0
     error: str | None = None
+    sent_s: float = 0.0
+    """When the client sent it, seconds from the start of the run (to replay
+    the same arrivals in the simulator)."""
 
 
 @dataclass
@@ -60,12 +63,15 @@ class PolicyRun:
     node_peer_ids: list[str] = field(default_factory=list)
     peer_rtt_ms: list[float] = field(default_factory=list)
     """Every node's smoothed RTT to each peer at the end of the run (libp2p ping)."""
+    prefill_ms_per_token: list[float] = field(default_factory=list)
+    """Every node's own estimate of its prefill speed at the end of the run."""
 
 
-async def _one(client: httpx.AsyncClient, url: str, req: LiveRequest) -> RequestOutcome:
+async def _one(client: httpx.AsyncClient, url: str, req: LiveRequest, run_t0: float) -> RequestOutcome:
     out = RequestOutcome(req.label, req.entry, ok=False)
     body = {"prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0, "stream": True}
     t0 = time.perf_counter()
+    out.sent_s = t0 - run_t0
     try:
         async with client.stream("POST", url + "/v1/completions", json=body) as resp:
             out.status = resp.status_code
@@ -104,12 +110,13 @@ async def drive(urls: Sequence[str], requests: Sequence[LiveRequest], concurrenc
     results: list[RequestOutcome | None] = [None] * len(requests)
     limiter = trio.CapacityLimiter(concurrency)
     timeout = httpx.Timeout(10.0, read=900.0)
+    run_t0 = time.perf_counter()
     async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=concurrency * 2)) as client:
 
         async def worker(i: int, req: LiveRequest, started: trio.Event) -> None:
             async with limiter:
                 started.set()
-                results[i] = await _one(client, urls[req.entry], req)
+                results[i] = await _one(client, urls[req.entry], req, run_t0)
                 if progress:
                     progress(results[i])  # type: ignore[arg-type]
 
@@ -148,10 +155,13 @@ def run_policy(
         with httpx.Client(timeout=10.0) as client:
             for url in urls:
                 try:
-                    peers = client.get(url + "/status").json()["peers"]
-                except (httpx.HTTPError, ValueError, KeyError):
+                    status = client.get(url + "/status").json()
+                    peers = status["peers"]
+                    speed = status["load"]["prefill_ms_per_token"]
+                except (httpx.HTTPError, ValueError, KeyError, TypeError):
                     continue
                 run.peer_rtt_ms += [p["rtt_ms"] for p in peers if p.get("rtt_ms") is not None]
+                run.prefill_ms_per_token.append(speed)
     return run
 
 
@@ -192,6 +202,7 @@ def summarise(run: PolicyRun) -> dict[str, Any]:
         "served_per_node": list(served.values()),
         "wall_s": round(run.wall_s, 2),
         "peer_rtt_ms_median": round(statistics.median(run.peer_rtt_ms), 3) if run.peer_rtt_ms else None,
+        "prefill_ms_per_token_nodes": [round(x, 3) for x in run.prefill_ms_per_token],
         "errors": sorted({o.error or f"HTTP {o.status}" for o in run.outcomes if not o.ok})[:5],
     }
 

@@ -44,15 +44,23 @@ def _table(summaries: list[dict[str, Any]], title: str) -> Any:
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("policy", "mean TTFT ms", "p50 ms", "p99 ms", "cache hit rate", "forwarded", "pred. accuracy", "failed"):
+    simulated = any("simulator" in s for s in summaries)
+    cols = ["policy", "mean TTFT ms", "p50 ms", "p99 ms", "cache hit rate", "forwarded", "pred. accuracy", "failed"]
+    if simulated:
+        cols += ["simulated mean ms", "simulated hit rate"]
+    for col in cols:
         table.add_column(col, justify="left" if col == "policy" else "right")
     for s in summaries:
         acc = s["prediction_accuracy"]
-        table.add_row(
+        row = [
             s["policy"], f"{s['ttft_ms']['mean']}", f"{s['ttft_ms']['p50']}", f"{s['ttft_ms']['p99']}",
             f"{100 * s['hit_rate']:.1f} %", f"{100 * s['forwarded_share']:.0f} %",
             "-" if acc is None else f"{acc:.2f}", str(s["failed"]),
-        )
+        ]
+        if simulated:
+            sim = s.get("simulator") or {}
+            row += [f"{sim['ttft_ms']['mean']}" if sim else "-", f"{100 * sim['hit_rate']:.1f} %" if sim else "-"]
+        table.add_row(*row)
     return table
 
 
@@ -72,6 +80,7 @@ def run_live_experiment(
     quiet: bool,
     netem: Any = None,
     link_delay_ms: float | None = None,
+    simulate: bool = False,
 ) -> dict[str, Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -101,7 +110,11 @@ def run_live_experiment(
 
             run = run_policy(policy, nodes, reqs, concurrency=concurrency, node_args=node_args, engine=engine,
                              progress=tick, wrap=wrap, hosts=hosts, link_delay_ms=link_delay_ms)
-            summaries.append(summarise(run))
+            summary = summarise(run)
+            if simulate and cache_tokens is not None:
+                progress.update(task, description=f"{policy:>13}: simulating the same arrivals")
+                summary["simulator"] = _simulate_same_arrivals(run, reqs, summary, nodes, cache_tokens, seed)
+            summaries.append(summary)
     return {
         "benchmark": "swarm",
         "nodes": nodes,
@@ -117,6 +130,23 @@ def run_live_experiment(
         "ttft_measured": "at the client: request sent -> first streamed token",
         "policies": summaries,
     }
+
+
+def _simulate_same_arrivals(
+    run: Any, reqs: list[Any], summary: dict[str, Any], nodes: int, cache_tokens: int, seed: int
+) -> dict[str, Any]:
+    """The simulator's prediction for this very run (see p2pinfer/live_sim.py)."""
+    from ..live_sim import live_cost_model, simulate_live_run
+
+    rtt = summary.get("peer_rtt_ms_median")
+    one_way = rtt / 2 if rtt else 0.0
+    sim = simulate_live_run(
+        reqs, [o.sent_s for o in run.outcomes], policy=run.policy, nodes=nodes, cache_tokens=cache_tokens,
+        one_way_ms=one_way, cost=live_cost_model(run.prefill_ms_per_token), seed=seed,
+    )
+    live_mean, sim_mean = summary["ttft_ms"]["mean"], sim["ttft_ms"]["mean"]
+    sim["live_over_simulated_mean_ttft"] = round(live_mean / sim_mean, 3) if live_mean and sim_mean else None
+    return sim
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
@@ -171,6 +201,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         engine: str = typer.Option("llama-cpp", help="Engine (simulated for a quick dry run)."),
         model: Optional[str] = typer.Option(None, help="GGUF file."),
         seed: int = typer.Option(1),
+        simulate: bool = typer.Option(
+            True, "--simulate/--no-simulate",
+            help="Also replay each policy's arrivals in the simulator (measured delay, the nodes' prefill speed)."),
         out: Optional[Path] = typer.Option(None, help="Write the plot (PNG) here, and the JSON next to it."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
@@ -204,7 +237,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             result = _run_or_exit(
                 policies=chosen, nodes=nodes, requests=requests, concurrency=concurrency, subjects=subjects,
                 max_tokens=max_tokens, cache_tokens=cache_tokens, threads=threads, seed=seed, engine=engine,
-                model=model, quiet=as_json, netem=netem, link_delay_ms=relay_delay,
+                model=model, quiet=as_json, netem=netem, link_delay_ms=relay_delay, simulate=simulate,
             )
             rtts = [s["peer_rtt_ms_median"] for s in result["policies"] if s.get("peer_rtt_ms_median") is not None]
             if rtts:

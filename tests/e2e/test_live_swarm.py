@@ -61,6 +61,10 @@ def test_bench_swarm_small_run_reports_every_figure(tmp_path: Path) -> None:
     for p in result["policies"]:
         assert p["completed"] == 6 and p["failed"] == 0
         assert p["ttft_ms"]["mean"] > 0 and 0 <= p["hit_rate"] <= 1
+        # The simulator's prediction for the same arrivals, delay and node speed.
+        sim = p["simulator"]
+        assert sim["ttft_ms"]["mean"] > 0 and sim["one_way_ms"] > 0
+        assert sim["cost_model"]["prefill_ms_per_token"] > 0 and "live nodes" in sim["cost_model"]["source"]
     cost = result["policies"][0]
     assert cost["hit_rate"] > 0  # five questions of one subject share its header
     assert (tmp_path / "swarm.png").stat().st_size > 1000
