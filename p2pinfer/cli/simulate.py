@@ -83,7 +83,18 @@ def simulate(
     full_interval: float = typer.Option(5.0, min=0.001, help="Seconds between full digests."),
     load_interval: float = typer.Option(1.0, min=0.001, help="Seconds between load reports."),
     peer_ttl: float = typer.Option(6.0, min=0.001, help="Seconds of silence before a peer leaves the view."),
-    topic_size: int = typer.Option(0, min=0, help="0: one gossip topic; else topics of this many nodes."),
+    topic_size: int = typer.Option(
+        0, min=0, help="0: one gossip topic; else topics of this many nodes. With --discovery directory: the load-report "
+        "neighbourhood (default 8)."
+    ),
+    discovery: str = typer.Option(
+        "gossip",
+        help="How nodes learn who caches what. gossip: every cache change is gossiped to the whole topic (bytes per node grow "
+        "with the topic); directory: each prefix anchor has a directory node (rendezvous hashing) that holders register "
+        "with and entries ask (one round trip), only load reports are gossiped (docs/architecture.md).",
+    ),
+    anchor_blocks: int = typer.Option(4, min=1, help="--discovery directory: depth of the anchor block (16 tokens each)."),
+    directory_replicas: int = typer.Option(1, min=1, max=8, help="--discovery directory: owners per anchor."),
     churn_interval: float = typer.Option(0.0, min=0.0, help="Mean seconds between node replacements (0: none)."),
     trace: Optional[Path] = typer.Option(None, help="JSONL trace to replay (with --workload trace)."),
     mmlu_dir: Optional[Path] = typer.Option(None, help="MMLU folder with dev/ and test/ (default: the packaged subset)."),
@@ -100,6 +111,7 @@ def simulate(
         return
     from ..core.router import GossipConfig
     from ..core.costmodel import EngineCostModel
+    from ..core.directory import DirectoryConfig
     from ..sim.runner import WorkloadSpec, build_requests, cost_model_from_bench
     from ..sim.simulator import SIM_POLICIES, SimConfig, Simulator
     from ..workloads import TraceError
@@ -135,6 +147,8 @@ def simulate(
         drain_reported_queue=drain,
         gossip=GossipConfig(delta_interval, full_interval, load_interval, peer_ttl),
         topic_size=topic_size,
+        discovery=discovery,
+        directory=DirectoryConfig(anchor_blocks=anchor_blocks, replicas=directory_replicas),
         churn_interval_s=churn_interval,
         warmup=warmup,
         seed=seed,

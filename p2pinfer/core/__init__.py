@@ -7,6 +7,7 @@ simulator both run this code unchanged.
 from .blocks import DEFAULT_BLOCK_SIZE, BlockHasher, ModelFingerprint
 from .costmodel import EngineCostModel
 from .digest import Digest, DigestError, DigestTracker, decode_digest, encode_digest
+from .directory import AnchorTracker, DirectoryConfig, DirectoryError, DirectoryStore, DirectoryView, Rendezvous
 from .peers import Load, PeerState, PeerView
 from .policies import (
     LOCAL,
@@ -24,6 +25,12 @@ from .radix import PinHandle, RadixTree, TreeEvent
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
+    "AnchorTracker",
+    "DirectoryConfig",
+    "DirectoryError",
+    "DirectoryStore",
+    "DirectoryView",
+    "Rendezvous",
     "LOCAL",
     "POLICIES",
     "BlockHasher",

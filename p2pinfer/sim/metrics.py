@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WALL_CLOCK_KEYS", "percentile", "summarise"]
 
-WALL_CLOCK_KEYS = ("decision_us_p50", "decision_us_p99", "wall_s")
+WALL_CLOCK_KEYS = ("decision_us_p50", "decision_us_p99", "directory_query_us_p50", "wall_s")
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -48,7 +48,12 @@ def summarise(sim: Simulator, wall_s: float) -> dict[str, Any]:
     served = [n.served for n in sim.nodes]
     busy = [n.busy_s for n in sim.nodes]
     decisions = sorted(sim.decision_ns)
-    topic_n = cfg.nodes if not cfg.topic_size else min(cfg.topic_size, cfg.nodes)
+    topic_n = cfg.topic_nodes()
+    bytes_in = sim.bytes_in + sum(sim.dir_bytes.values())
+    node_rates = sorted(
+        n.bytes_in / max(1e-9, (n.left_at if n.left_at is not None else end) - n.joined_at) for n in sim.nodes
+    )
+    busiest = max(sim.nodes, key=lambda n: (n.bytes_in / max(1e-9, (n.left_at if n.left_at is not None else end) - n.joined_at), -n.idx))
     published = sum(sim.msg_count.values())
     under = sum(1 for r in measured if r.served_by is not r.entry and r.reused < r.predicted)
     result: dict[str, Any] = {
@@ -72,7 +77,8 @@ def summarise(sim: Simulator, wall_s: float) -> dict[str, Any]:
         "failed_forwards": sim.failures,
         "client_retries": sim.retries,
         "orphaned_jobs": sim.orphaned,
-        "gossip_bytes_per_node_per_s": _r(sim.bytes_in / node_seconds, 1) if sim.gossip_on else None,
+        "gossip_bytes_per_node_per_s": _r(bytes_in / node_seconds, 1) if sim.gossip_on else None,
+        "discovery": _discovery(sim, node_seconds, node_rates, busiest) if sim.gossip_on else None,
         "gossip": {
             "published_wire_bytes_per_node_per_s": _r(sum(sim.msg_bytes.values()) / node_seconds, 1),
             "published_messages_per_node_per_s": _r(published / node_seconds, 3),
@@ -95,6 +101,8 @@ def summarise(sim: Simulator, wall_s: float) -> dict[str, Any]:
             else "oracle: a central router with perfect knowledge, no gossip",
         },
         "decision_us_p50": _r(percentile(decisions, 50) / 1000.0, 2),
+        "decision_wait_ms": _lookup_summary(sim),
+        "directory_query_us_p50": _r(percentile(sorted(sim.query_ns), 50) / 1000.0, 2) if sim.query_ns else None,
         "decision_us_p99": _r(percentile(decisions, 99) / 1000.0, 2),
         "load": {
             "utilisation_mean": _r(statistics.fmean(util), 4),
@@ -121,6 +129,7 @@ def summarise(sim: Simulator, wall_s: float) -> dict[str, Any]:
                 "peer_ttl_s": cfg.gossip.peer_ttl_s,
                 "instant": cfg.instant_gossip,
                 "topic_size": cfg.topic_size or None,
+            "discovery": cfg.discovery,
             },
             "churn_interval_s": cfg.churn_interval_s or None,
             "warmup_share": cfg.warmup,
@@ -131,3 +140,56 @@ def summarise(sim: Simulator, wall_s: float) -> dict[str, Any]:
     if sim.shadow_total:
         result["oracle_agreement"] = _r(sim.shadow_agree / sim.shadow_total, 4)
     return result
+
+
+def _lookup_summary(sim: Simulator) -> dict[str, float] | None:
+    """Virtual time from routing to decision: the directory round trip (0 with gossip)."""
+    if not sim.dir_on or not sim.lookup_ms:
+        return None
+    waits = sorted(sim.lookup_ms)
+    return {"mean": _r(statistics.fmean(waits)), "p50": _r(percentile(waits, 50)), "p99": _r(percentile(waits, 99))}
+
+
+def _discovery(sim: Simulator, node_seconds: float, node_rates: list[float], busiest: Any) -> dict[str, Any]:
+    """Inbound discovery bytes per node per second, by kind; the busiest node too."""
+    cfg = sim.config
+    by_kind = {"gossip " + k: _r(sim.msg_bytes_in[k] / node_seconds, 1) for k in sorted(sim.msg_bytes_in)}
+    for k in sorted(sim.dir_bytes):
+        by_kind["directory " + k] = _r(sim.dir_bytes[k] / node_seconds, 1)
+    out: dict[str, Any] = {
+        "mode": cfg.discovery,
+        "in_bytes_per_node_per_s_by_kind": by_kind,
+        "in_bytes_per_s_node_p50": _r(percentile(node_rates, 50), 1),
+        "in_bytes_per_s_node_p99": _r(percentile(node_rates, 99), 1),
+        "in_bytes_per_s_node_max": _r(node_rates[-1], 1) if node_rates else 0.0,
+    }
+    if sim.dir_on:
+        d = cfg.directory
+        life = max(1e-9, (busiest.left_at if busiest.left_at is not None else sim.now) - busiest.joined_at)
+        out["busiest_node_in_bytes_per_s_by_kind"] = {k: _r(v / life, 1) for k, v in sorted(busiest.bytes_by_kind.items())}
+        out["busiest_node_anchors_owned"] = sum(
+            1 for a in sim.membership.keys() if busiest.id in sim.membership.owners(a)
+        )
+        out["directory"] = {
+            "config": {
+                "anchor_blocks": d.anchor_blocks,
+                "replicas": d.replicas,
+                "answer_holders": d.answer_holders,
+                "update_interval_s": d.update_interval_s,
+                "refresh_s": d.refresh_s,
+                "entry_ttl_s": d.entry_ttl_s,
+                "query_timeout_s": d.query_timeout_s,
+                "query_stride": d.query_stride,
+                "query_tail": d.query_tail,
+                "membership_delay_s": cfg.membership_delay_s,
+            },
+            "messages": dict(sorted(sim.dir_count.items())),
+            "lost": sim.dir_lost,
+            "query_timeouts": sim.dir_timeouts,
+            "answers_used": sim.dir_answered,
+            "answers_empty": sim.dir_empty,
+            "anchors_placed": sim.membership.placed(),
+            "counted": "inbound bytes per node: direct libp2p streams (yamux + noise frames, multistream-select, "
+            "FIN), no fan-out; topic gossip as for gossip discovery",
+        }
+    return out

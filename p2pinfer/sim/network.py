@@ -21,6 +21,16 @@ Gossip is modelled on gossipsub with mesh degree ``D`` (6 by default):
   taken as 180 bytes; IHAVE/IWANT control traffic is *not* counted;
 * loss drops a message independently for each receiver (no IWANT
   recovery): full digests heal the lost deltas, as in the live node.
+
+Direct messages (the prefix directory, :mod:`p2pinfer.core.directory`) go
+over a libp2p stream opened for the exchange, with no fan-out. Each
+direction is counted as it crosses the wire above TCP: every frame is a
+yamux header (12 bytes) inside a noise transport message (2-byte length +
+16-byte tag), 30 bytes; the initiator's first frame opens the stream and
+carries multistream-select (``/multistream/1.0.0`` and the protocol id,
+41 bytes), the responder echoes them, and each side closes with a FIN
+frame; a message is a varint length plus its CBOR bytes. TCP/IP headers
+are not counted (nor are they for gossip).
 """
 
 from __future__ import annotations
@@ -36,6 +46,8 @@ __all__ = [
     "DEFAULT_MESH_DEGREE",
     "LatencyModel",
     "digest_message_bytes",
+    "stream_request_bytes",
+    "stream_response_bytes",
     "gossip_copies",
     "load_report_bytes",
     "mesh_hops",
@@ -149,3 +161,20 @@ def load_report_bytes(
 def digest_message_bytes(digest_len: int) -> int:
     """Size of ``GossipMessage{digest: bytes}`` around an encoded digest."""
     return 2 + _field_len(digest_len)
+
+
+STREAM_FRAME_BYTES = 30
+"""yamux header (12) + noise length (2) + noise tag (16), per frame."""
+MULTISTREAM_BYTES = 41
+"""varint + ``/multistream/1.0.0\\n`` (20) and varint + ``/p2pinfer/dir/1.0.0\\n`` (21)."""
+
+
+def stream_request_bytes(payload: int) -> int:
+    """Initiator -> responder on a fresh stream: open + negotiate, one message, FIN."""
+    return (STREAM_FRAME_BYTES + MULTISTREAM_BYTES) + (STREAM_FRAME_BYTES + _varint_len(payload) + payload) + STREAM_FRAME_BYTES
+
+
+def stream_response_bytes(payload: int | None) -> int:
+    """Responder -> initiator: negotiation echo, the reply (if any), FIN."""
+    body = 0 if payload is None else STREAM_FRAME_BYTES + _varint_len(payload) + payload
+    return (STREAM_FRAME_BYTES + MULTISTREAM_BYTES) + body + STREAM_FRAME_BYTES

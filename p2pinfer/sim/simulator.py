@@ -44,8 +44,24 @@ from typing import Any
 from ..core.blocks import BlockHasher, ModelFingerprint
 from ..core.costmodel import EngineCostModel
 from ..core.digest import Digest, decode_digest
+from ..core.directory import (
+    Answer,
+    AnchorTracker,
+    AnchorUpdate,
+    DirectoryConfig,
+    DirectoryStore,
+    DirectoryView,
+    Query,
+    Register,
+    Rendezvous,
+    anchor_of,
+    apply_answer,
+    decode_message,
+    encode_message,
+    make_query,
+)
 from ..core.peers import Load
-from ..core.policies import LOCAL, POLICIES, CostModel, CostPolicy
+from ..core.policies import LOCAL, POLICIES, CostModel, CostPolicy, LocalState, RouteRequest
 from ..core.radix import RadixTree
 from ..core.router import GossipConfig, Router, RouterConfig, TrustConfig
 from ..workloads.base import PromptEncoder, TimedRequest
@@ -58,6 +74,8 @@ from .network import (
     load_report_bytes,
     mesh_hops,
     parse_latency,
+    stream_request_bytes,
+    stream_response_bytes,
 )
 from .oracle import OracleIndex, OraclePolicy
 
@@ -65,6 +83,11 @@ __all__ = ["SIM_POLICIES", "SimConfig", "SimNode", "Simulator", "default_fingerp
 
 SIM_POLICIES = (*POLICIES, "oracle")
 """Every core policy plus the simulator-only oracle."""
+DISCOVERY = ("gossip", "directory")
+"""How nodes learn who caches what: gossiped digests, or the prefix directory."""
+DIRECTORY_NEIGHBOURHOOD = 8
+"""Directory mode: load reports are gossiped in topics of this many nodes
+unless ``topic_size`` says otherwise."""
 
 _B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 
@@ -111,7 +134,15 @@ class SimConfig:
     """Every change reaches every node at once, losslessly (for the oracle test)."""
     topic_size: int = 0
     """0: one gossip topic for the whole swarm; else random topics of this many
-    nodes, each routing only among its own members."""
+    nodes, each routing only among its own members. With the directory, topics
+    carry only load reports (default DIRECTORY_NEIGHBOURHOOD nodes)."""
+    discovery: str = "gossip"
+    """gossip: digests gossiped in topics; directory: the content-sharded prefix
+    directory (p2pinfer/core/directory.py) plus load reports in topics."""
+    directory: DirectoryConfig = field(default_factory=DirectoryConfig)
+    membership_delay_s: float = 3.0
+    """Directory: how long until the membership (and so rendezvous placement)
+    reflects a join or a leave; meanwhile messages to a departed owner are lost."""
     mesh_degree: int = DEFAULT_MESH_DEGREE
     envelope_bytes: int = DEFAULT_ENVELOPE_BYTES
     churn_interval_s: float = 0.0
@@ -146,6 +177,12 @@ class SimConfig:
             raise ValueError("cache_tokens, topic_size must be >= 0 and mesh_degree >= 1")
         if not 0 <= self.warmup < 1:
             raise ValueError("warmup must be in [0, 1)")
+        if self.discovery not in DISCOVERY:
+            raise ValueError(f"unknown discovery {self.discovery!r}; choose from {', '.join(DISCOVERY)}")
+        if self.discovery == "directory" and self.instant_gossip:
+            raise ValueError("instant gossip is a gossip-discovery setting")
+        if self.membership_delay_s < 0:
+            raise ValueError("membership_delay_s must be >= 0")
         parse_latency(self.latency)
         need, have = self.view_memory_estimate(), _memory_bytes()
         if have and need > 0.6 * have:
@@ -156,7 +193,8 @@ class SimConfig:
             )
 
     def topic_nodes(self) -> int:
-        return min(self.topic_size, self.nodes) if self.topic_size else self.nodes
+        size = self.topic_size or (DIRECTORY_NEIGHBOURHOOD if self.discovery == "directory" else 0)
+        return min(size, self.nodes) if size else self.nodes
 
     def view_memory_estimate(self) -> int:
         """Bytes the peer views may need: every node indexes every block its
@@ -165,6 +203,9 @@ class SimConfig:
         if self.policy == "oracle":
             return 0
         blocks = self.cache_tokens // 16
+        if self.discovery == "directory":
+            # Each cached block is registered at one directory per replica.
+            return self.nodes * blocks * 300 * self.directory.replicas
         return self.nodes * max(0, self.topic_nodes() - 1) * blocks * 300
 
     def as_dict(self) -> dict[str, Any]:
@@ -179,7 +220,7 @@ class Req:
     __slots__ = (
         "rid", "arrival", "tokens", "n_tokens", "label", "output_tokens", "entry", "gen", "fallbacks",
         "first_token", "done", "served_by", "reused", "forwards", "refusals", "failures",
-        "retries", "predicted", "fixed_entry",
+        "retries", "predicted", "fixed_entry", "hashes", "lookup", "routed_at",
     )
 
     def __init__(self, rid: int, arrival: float, tokens: list[int], label: str, output_tokens: int, fixed_entry: int | None) -> None:
@@ -202,6 +243,10 @@ class Req:
         self.failures = 0
         self.retries = 0
         self.predicted = 0
+        self.hashes: list[int] = []
+        self.lookup = 0
+        """Directory lookup in flight (a token), 0 when none."""
+        self.routed_at = arrival
 
 
 class Job:
@@ -237,6 +282,11 @@ class SimNode:
         self.busy_s = 0.0
         self.joined_at = now
         self.left_at: float | None = None
+        self.bytes_in = 0
+        """Discovery bytes this node received (gossip copies and direct messages)."""
+        self.bytes_by_kind: Counter[str] = Counter()
+        self.anchors: AnchorTracker | None = None
+        self.store: DirectoryStore | None = None
 
     def load(self) -> Load:
         return Load(self.queued, self.ms_per_token, self.active)
@@ -288,6 +338,18 @@ class Simulator:
         self.need_oracle = config.policy == "oracle" or config.shadow_oracle
         self.oracle_index = OracleIndex(BlockHasher(self.fingerprint)) if self.need_oracle else None
         self.gossip_on = config.policy != "oracle" and config.nodes > 1
+        self.dir_on = self.gossip_on and config.discovery == "directory"
+        self.dir_cfg = config.directory
+        self.membership = Rendezvous(replicas=config.directory.replicas)
+        self.dir_count: Counter[str] = Counter()
+        self.dir_bytes: Counter[str] = Counter()
+        self.dir_lost = 0
+        self.dir_timeouts = 0
+        self.dir_answered = 0
+        self.dir_empty = 0
+        self.lookup_ms: list[float] = []
+        self.query_ns: list[int] = []
+        self._lookup_seq = 0
         self.pending: dict[int, Req] = {}
         self.completed: list[Req] = []
         self.arrived = 0
@@ -298,6 +360,7 @@ class Simulator:
         self.shadow_agree = 0
         self.msg_count: Counter[str] = Counter()
         self.msg_bytes: Counter[str] = Counter()
+        self.msg_bytes_in: Counter[str] = Counter()
         self.apply_results: Counter[str] = Counter()
         self.bytes_in = 0
         self.deliveries = 0
@@ -330,7 +393,7 @@ class Simulator:
         return node.router.is_busy(node.load())
 
     def _assign_topic(self) -> int:
-        size = self.config.topic_size
+        size = self.config.topic_nodes() if self.config.topic_nodes() < self.config.nodes else 0
         if not size:
             if not self.topics:
                 self.topics.append([])
@@ -358,7 +421,9 @@ class Simulator:
         self.topics[topic].append(node)
         if self.oracle_index is not None:
             self.oracle_index.attach(idx, cache)
-        if self.gossip_on and not self.config.instant_gossip:
+        if self.dir_on:
+            self._add_directory_node(node)
+        elif self.gossip_on and not self.config.instant_gossip:
             g = self.config.gossip
             phase = self.rng_phase.random
             self.at(self.now + phase() * g.delta_interval_s, self._delta_tick, node)
@@ -426,6 +491,8 @@ class Simulator:
                 self.lost += 1
                 continue
             delivered += 1
+            r.bytes_in += per_receiver
+            r.bytes_by_kind["gossip " + kind] += per_receiver
             router = r.router
             if is_load:
                 router.on_load(src_id, obj[0], obj[1], now)
@@ -433,10 +500,14 @@ class Simulator:
                 results[router.on_digest(obj, now)] += 1
             view = router.view
             state = view.get(src_id)
+            if state is not None and not state.fingerprint and is_load:
+                # A LoadReport names its model fingerprint (protos/p2pinfer.proto).
+                state.fingerprint = self.fingerprint_hex
             if state is not None and state.rtt_ms is None:
                 view.set_rtt(src_id, self.rtt_ms(src, r), now)
         self.deliveries += delivered
         self.bytes_in += delivered * per_receiver
+        self.msg_bytes_in[kind] += delivered * per_receiver
 
     def _delta_tick(self, node: SimNode) -> None:
         if not node.alive:
@@ -492,6 +563,198 @@ class Simulator:
             node.busy_flag = busy
             self._publish_load(node)
 
+    # -- the prefix directory -------------------------------------------------
+    def _add_directory_node(self, node: SimNode) -> None:
+        """Directory discovery: an anchor tracker on the cache, a directory
+        store, load reports in the node's topic, and membership (rendezvous)."""
+        cfg, d = self.config, self.dir_cfg
+        node.anchors = AnchorTracker(node.router.hasher, d.anchor_blocks)
+        node.cache.subscribe(node.anchors.on_event)
+        node.store = DirectoryStore(node.router.hasher.block_size)
+        g = cfg.gossip
+        phase = self.rng_phase.random
+        self.at(self.now + phase() * g.load_interval_s, self._load_tick, node)
+        self.at(self.now + g.peer_ttl_s / 2, self._expire_tick, node)
+        self.at(self.now + phase() * d.update_interval_s, self._dir_update_tick, node)
+        self.at(self.now + (1 + phase()) * d.refresh_s, self._dir_refresh_tick, node)
+        self.at(self.now + d.entry_ttl_s / 2, self._dir_expire_tick, node)
+        if self.now == 0.0:
+            self.membership.add(node.id)  # the initial swarm
+        else:
+            self.at(self.now + cfg.membership_delay_s, self._member_join, node)
+
+    def _member_join(self, node: SimNode) -> None:
+        if node.alive:
+            self._placement_changed(self.membership.add(node.id))
+
+    def _member_leave(self, node: SimNode) -> None:
+        changed = self.membership.remove(node.id)
+        for other in self.alive:
+            other.store.drop_holder(node.id)  # type: ignore[union-attr]
+        self._placement_changed(changed)
+
+    def _placement_changed(self, anchors: list[int]) -> None:
+        """Anchors moved: former owners forget them, holders re-register in full."""
+        if not anchors:
+            return
+        moved = set(anchors)
+        for n in self.alive:
+            store = n.store
+            assert store is not None and n.anchors is not None
+            for a in moved.intersection(store.anchors()):
+                if n.id not in self.membership.owners(a):
+                    store.drop_anchor(a)
+            held = moved.intersection(n.anchors.anchors())
+            if held:
+                self._send_updates(n, n.anchors.full(held), "register")
+
+    def _send_updates(self, node: SimNode, updates: list[AnchorUpdate], kind: str) -> None:
+        """Batch anchor updates per owner: one Register message (stream) each."""
+        if not updates:
+            return
+        batches: dict[str, list[AnchorUpdate]] = {}
+        for u in updates:
+            for owner in self.membership.owners(u.anchor):
+                batches.setdefault(owner, []).append(u)
+        load = node.load()
+        epoch = node.router.tracker.epoch
+        for owner_id, batch in batches.items():
+            msg = Register(node.id, epoch, load, tuple(batch))
+            if owner_id == node.id:
+                node.store.apply(msg, self.now)  # type: ignore[union-attr]
+                continue
+            data = encode_message(msg)
+            owner = self.by_id[owner_id]
+            self.dir_count[kind] += 1
+            self.at(self.now + self.link_s(node, owner), self._dir_register_arrive, node, owner, data, kind)
+
+    def _dir_register_arrive(self, src: SimNode, dst: SimNode, data: bytes, kind: str) -> None:
+        if not dst.alive or (self.config.loss and self.rng_loss.random() < self.config.loss):
+            self.dir_lost += 1
+            return
+        inbound = stream_request_bytes(len(data))
+        ack = stream_response_bytes(None)
+        dst.bytes_in += inbound
+        dst.bytes_by_kind[kind] += inbound
+        if src.alive:
+            src.bytes_in += ack
+            src.bytes_by_kind[kind] += ack
+        self.dir_bytes[kind] += inbound + ack
+        msg = decode_message(data)
+        assert isinstance(msg, Register)
+        dst.store.apply(msg, self.now)  # type: ignore[union-attr]
+
+    def _dir_update_tick(self, node: SimNode) -> None:
+        if not node.alive:
+            return
+        self._send_updates(node, node.anchors.take_updates(), "register")  # type: ignore[union-attr]
+        self.at(self.now + self.dir_cfg.update_interval_s, self._dir_update_tick, node)
+
+    def _dir_refresh_tick(self, node: SimNode) -> None:
+        if not node.alive:
+            return
+        self._send_updates(node, node.anchors.full(), "refresh")  # type: ignore[union-attr]
+        self.at(self.now + self.dir_cfg.refresh_s, self._dir_refresh_tick, node)
+
+    def _dir_expire_tick(self, node: SimNode) -> None:
+        if not node.alive:
+            return
+        node.store.expire(self.now, self.dir_cfg.entry_ttl_s)  # type: ignore[union-attr]
+        self.at(self.now + self.dir_cfg.entry_ttl_s / 2, self._dir_expire_tick, node)
+
+    def _lookup(self, req: Req, node: SimNode) -> None:
+        """Ask the owner of the request's anchor (one round trip), then decide."""
+        t0 = time.perf_counter_ns()
+        router = node.router
+        req.hashes = router.hasher.hashes(req.tokens)
+        d = self.dir_cfg
+        anchor = anchor_of(req.hashes, d.anchor_blocks)
+        owners = self.membership.owners(anchor) if anchor is not None else []
+        hash_ns = time.perf_counter_ns() - t0
+        if not owners:
+            self._decide(req, node, None, hash_ns)
+            return
+        # Replicas share the queries (each request asks one of them); an entry
+        # that is itself an owner asks itself.
+        owner_id = node.id if node.id in owners else owners[req.rid % len(owners)]
+        query = make_query(req.hashes, req.n_tokens, d)
+        assert query is not None
+        if owner_id == node.id:
+            answer = node.store.answer(query, self.now, exclude=node.id)  # type: ignore[union-attr]
+            self.dir_answered += 1
+            self.dir_empty += not answer.holders
+            self._decide(req, node, answer, hash_ns)
+            return
+        self._lookup_seq += 1
+        token = req.lookup = self._lookup_seq
+        data = encode_message(query)
+        owner = self.by_id[owner_id]
+        self.dir_count["query"] += 1
+        self.at(self.now + self.link_s(node, owner), self._dir_query_arrive, req, req.gen, token, node, owner, data, hash_ns)
+        self.at(self.now + d.query_timeout_s, self._dir_timeout, req, req.gen, token, node, hash_ns)
+
+    def _dir_query_arrive(self, req: Req, gen: int, token: int, entry: SimNode, owner: SimNode, data: bytes, hash_ns: int) -> None:
+        if not owner.alive or (self.config.loss and self.rng_loss.random() < self.config.loss):
+            self.dir_lost += 1
+            return  # the entry's timeout decides
+        inbound = stream_request_bytes(len(data))
+        owner.bytes_in += inbound
+        owner.bytes_by_kind["query"] += inbound
+        t0 = time.perf_counter_ns()
+        query = decode_message(data)
+        assert isinstance(query, Query)
+        answer = owner.store.answer(query, self.now, exclude=entry.id)  # type: ignore[union-attr]
+        reply = encode_message(answer)
+        self.query_ns.append(time.perf_counter_ns() - t0)
+        back = stream_response_bytes(len(reply))
+        self.dir_bytes["query"] += inbound
+        self.dir_count["answer"] += 1
+        if self.config.loss and self.rng_loss.random() < self.config.loss:
+            self.dir_lost += 1
+            return
+        self.at(self.now + self.link_s(owner, entry), self._dir_answer_arrive, req, gen, token, entry, reply, back, hash_ns)
+
+    def _dir_answer_arrive(self, req: Req, gen: int, token: int, entry: SimNode, reply: bytes, back: int, hash_ns: int) -> None:
+        if not entry.alive:
+            return
+        entry.bytes_in += back
+        entry.bytes_by_kind["answer"] += back
+        self.dir_bytes["answer"] += back
+        if gen != req.gen or req.done or req.lookup != token:
+            return  # timed out already, or the client went elsewhere
+        req.lookup = 0
+        answer = decode_message(reply)
+        assert isinstance(answer, Answer)
+        self.dir_answered += 1
+        self.dir_empty += not answer.holders
+        self._decide(req, entry, answer, hash_ns)
+
+    def _dir_timeout(self, req: Req, gen: int, token: int, entry: SimNode, hash_ns: int) -> None:
+        if gen != req.gen or req.done or req.lookup != token or not entry.alive:
+            return
+        req.lookup = 0
+        self.dir_timeouts += 1
+        self._decide(req, entry, None, hash_ns)
+
+    def _decide(self, req: Req, node: SimNode, answer: Answer | None, hash_ns: int) -> None:
+        """The entry's decision: the node's own policy object over its peer
+        view plus the directory's answer (the same CostPolicy code)."""
+        router = node.router
+        now = self.now
+        t0 = time.perf_counter_ns()
+        if answer is not None and answer.holders:
+            apply_answer(router.view, answer, now, self.fingerprint_hex)
+        bs = router.hasher.block_size
+        local = LocalState(node.id, node.cache.match(req.tokens, touch=False), node.load(), True)
+        request = RouteRequest(req.n_tokens, req.hashes, bs)
+        decision = router.policy.decide(request, local, DirectoryView(router.view, answer, bs), now, router.rng)  # type: ignore[arg-type]
+        self.decision_ns.append(time.perf_counter_ns() - t0 + hash_ns)
+        self.lookup_ms.append((now - req.routed_at) * 1000.0)
+        if self.config.record_decisions:
+            self.decisions.append((req.rid, node.id, decision.target, decision.predicted_match_tokens))
+        req.fallbacks = [(c.target, c.predicted_match_tokens) for c in decision.candidates[1:]]
+        self._dispatch(req, node, decision.target, decision.predicted_match_tokens)
+
     # -- requests ------------------------------------------------------------
     def _arrive(self, i: int) -> None:
         tr = self.requests[i]
@@ -507,6 +770,10 @@ class Simulator:
 
     def _route(self, req: Req, node: SimNode) -> None:
         req.entry = node
+        if self.dir_on:
+            req.routed_at = self.now
+            self._lookup(req, node)
+            return
         if self.config.instant_gossip:
             self._sync_instant()
         router = node.router
@@ -626,6 +893,10 @@ class Simulator:
     def _forward_result(self, origin: SimNode, peer: SimNode, predicted: int, realised: int) -> None:
         if origin.alive:
             origin.router.on_forward_result(peer.id, predicted, realised, self.now)
+            state = origin.router.view.get(peer.id)
+            if self.dir_on and state is not None and state.rtt_ms is None:
+                # A peer known only from an answer: the forward measured its RTT.
+                origin.router.view.set_rtt(peer.id, self.rtt_ms(origin, peer), self.now)
 
     def _done(self, node: SimNode, job: Job) -> None:
         if not node.alive:
@@ -668,6 +939,8 @@ class Simulator:
         self.topics[node.topic].remove(node)
         if self.oracle_index is not None:
             self.oracle_index.detach(node.idx)
+        if self.dir_on:
+            self.at(self.now + self.config.membership_delay_s, self._member_leave, node)
         jobs = list(node.queue) + ([node.current] if node.current is not None else [])
         node.queue.clear()
         node.current = None

@@ -1,0 +1,778 @@
+"""A content-sharded prefix directory: who caches what, without telling everyone.
+
+Gossiping every cache change to every node costs each node O(swarm size)
+bytes (docs/results.md, issue 6: 969 KB/s per node at 256 nodes). The
+directory instead shards the knowledge by content:
+
+* the **anchor** of a token sequence is the chained hash of its block at
+  depth ``anchor_blocks`` (1-based; e.g. 4 blocks = 64 tokens). Chained
+  hashes make the anchor stand for the whole prefix up to it, so every
+  sequence that shares those first tokens shares the anchor;
+* the **directory node** of an anchor is chosen by rendezvous
+  (highest-random-weight) hashing over the current membership: every node
+  computes the same owner, and a node joining or leaving moves only the
+  anchors it wins or held (:class:`Rendezvous`);
+* **holders** send the owner of each anchor they hold small register
+  updates (blocks added and removed under that anchor, batched) with their
+  load piggybacked, and a full refresh now and then, so that a lost update,
+  a dead directory or a new owner heals (:class:`AnchorTracker`);
+* an **entry node** asks the owner of the request's anchor (one round trip)
+  and gets back the best few holders with their match length and last load
+  (:class:`DirectoryStore`); it then runs the *same* ``CostPolicy`` over them
+  plus the peers it already knows (:class:`DirectoryView`, :func:`apply_answer`).
+
+Per node, bytes grow with the node's own cache changes and requests, not
+with the swarm size. Sequences shorter than the anchor depth are not in the
+directory (their matches are at most ``anchor_blocks - 1`` blocks); a
+shared system prompt longer than the anchor depth sends every request to
+one directory (a deeper anchor or replicas fix it).
+
+Pure and sans-I/O: messages are CBOR bytes in and out, time is passed in.
+The wire format is versioned, size-limited and strictly decoded
+(:class:`DirectoryError`), like :mod:`p2pinfer.core.digest`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+import math
+import struct
+from typing import Any
+
+import cbor2
+import xxhash
+
+from .blocks import BlockHasher
+from .digest import _no_semantic_tags  # the same strict CBOR setting as digests
+from .peers import Load, PeerState, PeerView
+from .radix import TreeEvent
+
+__all__ = [
+    "DIRECTORY_SCHEMA",
+    "MAX_ANSWER_HOLDERS",
+    "MAX_DIRECTORY_BYTES",
+    "MAX_QUERY_BLOCKS",
+    "MAX_REGISTER_HASHES",
+    "AnchorTracker",
+    "Answer",
+    "AnswerHolder",
+    "AnchorUpdate",
+    "DirectoryConfig",
+    "DirectoryError",
+    "DirectoryStore",
+    "DirectoryView",
+    "Query",
+    "Register",
+    "Rendezvous",
+    "anchor_of",
+    "apply_answer",
+    "decode_message",
+    "make_query",
+    "encode_message",
+    "rendezvous_weight",
+]
+
+DIRECTORY_SCHEMA = 1
+MAX_REGISTER_HASHES = 1 << 16
+"""Most block hashes in one register message (1 M tokens at block size 16)."""
+MAX_REGISTER_ANCHORS = 4096
+MAX_QUERY_BLOCKS = 4096
+"""Most block hashes a query carries (65,536 tokens past the anchor)."""
+MAX_ANSWER_HOLDERS = 64
+MAX_ID_LEN = 128
+MAX_DIRECTORY_BYTES = 64 + 8 * MAX_REGISTER_HASHES + 32 * MAX_REGISTER_ANCHORS + 4096
+"""Upper bound on any encoded directory message; checked before decoding."""
+_U64 = struct.Struct("<Q")
+_MAX_U64 = (1 << 64) - 1
+
+
+class DirectoryError(ValueError):
+    """A directory message could not be decoded or breaks the schema."""
+
+
+@dataclass(frozen=True, slots=True)
+class DirectoryConfig:
+    """Knobs of the directory, shared by holders, owners and entries."""
+
+    anchor_blocks: int = 4
+    """Depth of the anchor block (4 blocks of 16 tokens: 64 tokens)."""
+    replicas: int = 1
+    """Owners per anchor: holders register with each, entries ask the first alive."""
+    answer_holders: int = 8
+    """Holders an answer carries at most (the cheapest by the directory's estimate)."""
+    update_interval_s: float = 1.0
+    """Holders batch their register updates and send them at most this often."""
+    refresh_s: float = 30.0
+    """Each holder re-sends a full registration of every anchor this often."""
+    entry_ttl_s: float = 75.0
+    """A directory forgets a holder's record not refreshed for this long."""
+    query_timeout_s: float = 0.25
+    """An entry that has no answer by then decides with what it knows."""
+    query_stride: int = 4
+    """A query carries every ``query_stride``-th block hash past the anchor,
+    then every hash of the last ``query_tail`` blocks: a long prompt's query
+    is about that much smaller, and an answer understates a match by fewer
+    than ``query_stride`` blocks only when the prompts part before the tail."""
+    query_tail: int = 16
+    """Blocks at the end of a query sent densely: where requests that share a
+    prefix usually part (the new question, the new turn)."""
+
+    def __post_init__(self) -> None:
+        if min(self.anchor_blocks, self.replicas, self.query_stride, self.query_tail) < 1:
+            raise ValueError("anchor_blocks, replicas, query_stride and query_tail must be >= 1")
+        if not 1 <= self.answer_holders <= MAX_ANSWER_HOLDERS:
+            raise ValueError(f"answer_holders must be in 1..{MAX_ANSWER_HOLDERS}")
+        if min(self.update_interval_s, self.refresh_s, self.entry_ttl_s, self.query_timeout_s) <= 0:
+            raise ValueError("intervals and timeouts must be > 0")
+
+
+def anchor_of(block_hashes: Sequence[int], anchor_blocks: int) -> int | None:
+    """The anchor of a sequence with these chained block hashes, or ``None``
+    when it is shorter than the anchor depth (it is not in the directory)."""
+    if len(block_hashes) < anchor_blocks:
+        return None
+    return block_hashes[anchor_blocks - 1]
+
+
+def make_query(block_hashes: Sequence[int], prompt_tokens: int, config: DirectoryConfig) -> Query | None:
+    """The query for a request with these block hashes (``None``: shorter than the anchor)."""
+    k = config.anchor_blocks
+    if len(block_hashes) < k:
+        return None
+    n = min(len(block_hashes), k - 1 + MAX_QUERY_BLOCKS)  # at most MAX_QUERY_BLOCKS hashes
+    stride, tail = config.query_stride, config.query_tail
+    depths = _sampled_depths(k, n, stride, tail)
+    return Query(
+        block_hashes[k - 1], k, stride, tail, n, tuple(block_hashes[d - 1] for d in depths), prompt_tokens, config.answer_holders
+    )
+
+
+def _sampled_depths(depth: int, blocks: int, stride: int, tail: int) -> list[int]:
+    dense_from = max(depth, blocks - tail + 1)
+    return [*range(depth, dense_from, stride), *range(dense_from, blocks + 1)]
+
+
+def _sampled_count(depth: int, blocks: int, stride: int, tail: int) -> int:
+    """``len(_sampled_depths(...))`` without building it (for untrusted input)."""
+    dense_from = max(depth, blocks - tail + 1)
+    return -(-(dense_from - depth) // stride) + (blocks - dense_from + 1)
+
+
+# -- placement ------------------------------------------------------------------
+
+
+def rendezvous_weight(key: int, member: str) -> int:
+    """Highest-random-weight score of ``member`` for ``key`` (same on every node)."""
+    return xxhash.xxh3_64_intdigest(member.encode(), seed=key & _MAX_U64)
+
+
+class Rendezvous:
+    """Rendezvous hashing over a membership, with a per-key cache of owners.
+
+    A join only compares the newcomer with each cached key's owners (one
+    hash per key); a leave recomputes only the keys the leaver owned. Both
+    return the keys whose owners changed, so holders know what to re-register.
+    """
+
+    def __init__(self, members: Iterable[str] = (), replicas: int = 1) -> None:
+        if replicas < 1:
+            raise ValueError("replicas must be >= 1")
+        self.replicas = replicas
+        self._members: dict[str, None] = dict.fromkeys(sorted(members))
+        self._owners: dict[int, list[tuple[int, str]]] = {}
+        """key -> [(weight, member)] best first, at most ``replicas`` long."""
+
+    def __contains__(self, member: object) -> bool:
+        return member in self._members
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def members(self) -> list[str]:
+        return list(self._members)
+
+    def _compute(self, key: int) -> list[tuple[int, str]]:
+        scored = sorted(((rendezvous_weight(key, m), m) for m in self._members), reverse=True)
+        return scored[: self.replicas]
+
+    def owners(self, key: int) -> list[str]:
+        """The ``replicas`` owners of ``key``, best first (empty without members)."""
+        cached = self._owners.get(key)
+        if cached is None:
+            cached = self._compute(key)
+            self._owners[key] = cached
+        return [m for _, m in cached]
+
+    def keys(self) -> list[int]:
+        """Keys whose owners are cached."""
+        return list(self._owners)
+
+    def placed(self) -> int:
+        """Keys whose owners are cached (anchors looked up so far)."""
+        return len(self._owners)
+
+    def owner(self, key: int) -> str | None:
+        owners = self.owners(key)
+        return owners[0] if owners else None
+
+    def add(self, member: str) -> list[int]:
+        """Admit ``member``; returns the cached keys whose owners changed."""
+        if member in self._members:
+            return []
+        self._members[member] = None
+        changed = []
+        for key, best in self._owners.items():
+            w = rendezvous_weight(key, member)
+            if len(best) < self.replicas or (w, member) > best[-1]:
+                best.append((w, member))
+                best.sort(reverse=True)
+                del best[self.replicas :]
+                changed.append(key)
+        return changed
+
+    def remove(self, member: str) -> list[int]:
+        """Drop ``member``; returns the cached keys whose owners changed."""
+        if member not in self._members:
+            return []
+        del self._members[member]
+        changed = [key for key, best in self._owners.items() if any(m == member for _, m in best)]
+        for key in changed:
+            self._owners[key] = self._compute(key)
+        return changed
+
+
+# -- the holder side -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AnchorUpdate:
+    """Blocks under one anchor: added and removed since the last update, or
+    (``full``) every block held under it (an empty full update unregisters)."""
+
+    anchor: int
+    full: bool = False
+    added: frozenset[int] = field(default_factory=frozenset)
+    removed: frozenset[int] = field(default_factory=frozenset)
+
+
+class AnchorTracker:
+    """Follows a :class:`~p2pinfer.core.radix.RadixTree`: which blocks this
+    node holds under which anchor, and what changed since the last update.
+
+    Only blocks at depth ``anchor_blocks`` or deeper are tracked (the anchor
+    itself included): shallower ones are implied by the anchor.
+    """
+
+    def __init__(self, hasher: BlockHasher, anchor_blocks: int) -> None:
+        if anchor_blocks < 1:
+            raise ValueError("anchor_blocks must be >= 1")
+        self.hasher = hasher
+        self.anchor_blocks = anchor_blocks
+        self._held: dict[int, set[int]] = {}
+        self._added: dict[int, set[int]] = {}
+        self._removed: dict[int, set[int]] = {}
+
+    def anchors(self) -> list[int]:
+        return list(self._held)
+
+    def held(self, anchor: int) -> frozenset[int]:
+        return frozenset(self._held.get(anchor, ()))
+
+    @property
+    def pending(self) -> int:
+        return sum(map(len, self._added.values())) + sum(map(len, self._removed.values()))
+
+    def on_event(self, event: TreeEvent) -> None:
+        bs = self.hasher.block_size
+        k = self.anchor_blocks
+        first = max(event.start // bs, k - 1)  # first block that changed and is tracked
+        chain = self.hasher.hashes(event.path)
+        if len(chain) < k or first >= len(chain):
+            return
+        anchor = chain[k - 1]
+        held = self._held.setdefault(anchor, set())
+        added = self._added.setdefault(anchor, set())
+        removed = self._removed.setdefault(anchor, set())
+        if event.kind == "insert":
+            for h in chain[first:]:
+                if h not in held:
+                    held.add(h)
+                    if h in removed:
+                        removed.discard(h)
+                    else:
+                        added.add(h)
+        else:
+            for h in chain[first:]:
+                if h in held:
+                    held.discard(h)
+                    if h in added:
+                        added.discard(h)
+                    else:
+                        removed.add(h)
+        if not held:
+            del self._held[anchor]
+        if not added:
+            del self._added[anchor]
+        if not removed:
+            del self._removed[anchor]
+
+    def on_event_insert(self, path: tuple[int, ...]) -> None:
+        """Count an already cached sequence (an engine that starts warm)."""
+        self.on_event(TreeEvent("insert", tuple(path), 0))
+
+    def take_updates(self) -> list[AnchorUpdate]:
+        """What changed per anchor since the last call (anchors in a stable order)."""
+        keys = sorted(set(self._added) | set(self._removed))
+        out = [
+            AnchorUpdate(a, False, frozenset(self._added.get(a, ())), frozenset(self._removed.get(a, ()))) for a in keys
+        ]
+        self._added.clear()
+        self._removed.clear()
+        return out
+
+    def full(self, anchors: Iterable[int] | None = None) -> list[AnchorUpdate]:
+        """Full updates for ``anchors`` (default: every held anchor); an anchor
+        no longer held gives an empty full update, which unregisters it."""
+        keys = sorted(self._held) if anchors is None else sorted(set(anchors))
+        for a in keys:
+            self._added.pop(a, None)
+            self._removed.pop(a, None)
+        return [AnchorUpdate(a, True, frozenset(self._held.get(a, ()))) for a in keys]
+
+
+# -- messages ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    """Holder -> directory: updates for the anchors this directory owns, plus load."""
+
+    holder: str
+    epoch: int
+    load: Load
+    updates: tuple[AnchorUpdate, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """Entry -> directory: who holds the longest prefix of these blocks?
+
+    ``hashes`` are the request's chained block hashes at depths ``depth``
+    (the anchor, ``hashes[0]``), ``depth + stride``, ..., then every depth
+    of the last ``tail`` blocks up to ``blocks`` (the request's last full
+    block): see :meth:`depths`."""
+
+    anchor: int
+    depth: int
+    stride: int
+    tail: int
+    blocks: int
+    hashes: tuple[int, ...]
+    prompt_tokens: int
+    limit: int
+
+    def depths(self) -> list[int]:
+        """1-based depth of each hash in ``hashes``."""
+        return _sampled_depths(self.depth, self.blocks, self.stride, self.tail)
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerHolder:
+    holder: str
+    match_blocks: int
+    """Blocks of the request's prefix it holds, counted from the first block."""
+    load: Load
+    age_s: float
+    """How old the load report was when the directory answered."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    anchor: int
+    holders: tuple[AnswerHolder, ...]
+
+
+Message = Register | Query | Answer
+
+
+def _pack(hashes: Iterable[int]) -> bytes:
+    return b"".join(_U64.pack(h) for h in sorted(hashes))
+
+
+def _unpack(raw: object, what: str, limit: int, ordered: bool = False) -> tuple[int, ...]:
+    if not isinstance(raw, bytes):
+        raise DirectoryError(f"{what} must be a byte string")
+    if len(raw) % 8:
+        raise DirectoryError(f"{what} length {len(raw)} is not a multiple of 8")
+    if len(raw) // 8 > limit:
+        raise DirectoryError(f"{what} holds more than {limit} hashes")
+    values = tuple(h for (h,) in _U64.iter_unpack(raw))
+    if not ordered and len(set(values)) != len(values):
+        raise DirectoryError(f"{what} repeats a hash")
+    return values
+
+
+def _load_fields(load: Load) -> list[Any]:
+    return [load.queued_prefill_tokens, float(load.prefill_ms_per_token), load.active_requests]
+
+
+def encode_message(msg: Message) -> bytes:
+    """CBOR bytes of a directory message (schema ``DIRECTORY_SCHEMA``)."""
+    if isinstance(msg, Register):
+        doc: dict[str, Any] = {
+            "s": DIRECTORY_SCHEMA,
+            "t": "reg",
+            "n": msg.holder,
+            "e": msg.epoch,
+            "l": _load_fields(msg.load),
+            "u": [[u.anchor, u.full, _pack(u.added), _pack(u.removed)] for u in msg.updates],
+        }
+    elif isinstance(msg, Query):
+        doc = {
+            "s": DIRECTORY_SCHEMA,
+            "t": "q",
+            "a": msg.anchor,
+            "d": msg.depth,
+            "i": msg.stride,
+            "w": msg.tail,
+            "b": msg.blocks,
+            "h": b"".join(_U64.pack(h) for h in msg.hashes),
+            "p": msg.prompt_tokens,
+            "k": msg.limit,
+        }
+    elif isinstance(msg, Answer):
+        doc = {
+            "s": DIRECTORY_SCHEMA,
+            "t": "ans",
+            "a": msg.anchor,
+            "r": [[h.holder, h.match_blocks, *_load_fields(h.load), round(h.age_s * 1000)] for h in msg.holders],
+        }
+    else:
+        raise TypeError(f"not a directory message: {type(msg).__name__}")
+    return cbor2.dumps(doc)
+
+
+def _reject_tag(*_: Any) -> Any:
+    raise DirectoryError("CBOR tags are not allowed in a directory message")
+
+
+def _uint(value: object, what: str, bits: int = 63) -> int:
+    if type(value) is not int or not 0 <= value < 1 << bits:
+        raise DirectoryError(f"{what} must be an integer in 0..2**{bits}-1")
+    return value
+
+
+def _id(value: object, what: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_LEN:
+        raise DirectoryError(f"{what} must be a string of 1..{MAX_ID_LEN} characters")
+    return value
+
+
+def _list(value: object, what: str, limit: int) -> list[Any]:
+    if not isinstance(value, list):
+        raise DirectoryError(f"{what} must be a list")
+    if len(value) > limit:
+        raise DirectoryError(f"{what} has more than {limit} entries")
+    return value
+
+
+def _load(raw: object, what: str) -> Load:
+    fields = _list(raw, what, 3)
+    if len(fields) != 3:
+        raise DirectoryError(f"{what} must be [queued, ms_per_token, active]")
+    queued, ms, active = fields
+    if not isinstance(ms, float) or not math.isfinite(ms) or ms < 0:
+        raise DirectoryError(f"{what}: ms_per_token must be a finite float >= 0")
+    return Load(_uint(queued, f"{what}: queued"), ms, _uint(active, f"{what}: active"))
+
+
+_KEYS = {
+    "reg": {"s", "t", "n", "e", "l", "u"},
+    "q": {"s", "t", "a", "d", "i", "w", "b", "h", "p", "k"},
+    "ans": {"s", "t", "a", "r"},
+}
+
+
+def decode_message(data: bytes) -> Message:
+    """Parse and validate one directory message; raises :class:`DirectoryError` only."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise DirectoryError("a directory message must be bytes")
+    if len(data) > MAX_DIRECTORY_BYTES:
+        raise DirectoryError(f"directory message of {len(data)} bytes exceeds {MAX_DIRECTORY_BYTES}")
+    try:
+        doc = cbor2.loads(
+            bytes(data),
+            tag_hook=_reject_tag,
+            semantic_decoders=_no_semantic_tags(),
+            max_depth=5,
+            allow_indefinite=False,
+            allow_duplicate_keys=False,
+        )
+    except DirectoryError:
+        raise
+    except Exception as exc:  # cbor2 raises many types on garbage
+        raise DirectoryError(f"not valid CBOR: {exc}") from None
+    if not isinstance(doc, dict):
+        raise DirectoryError("a directory message must be a CBOR map")
+    if doc.get("s") != DIRECTORY_SCHEMA or type(doc.get("s")) is not int:
+        raise DirectoryError(f"unsupported directory schema {doc.get('s')!r} (this node speaks {DIRECTORY_SCHEMA})")
+    kind = doc.get("t")
+    if not isinstance(kind, str) or kind not in _KEYS:
+        raise DirectoryError(f"unknown directory message type {kind!r}")
+    if set(doc) != _KEYS[kind]:
+        raise DirectoryError(f"a {kind!r} message has exactly the keys {sorted(_KEYS[kind])}")
+    if kind == "reg":
+        updates = []
+        total = 0
+        anchors: set[int] = set()
+        for i, raw in enumerate(_list(doc["u"], "updates", MAX_REGISTER_ANCHORS)):
+            entry = _list(raw, f"update {i}", 4)
+            if len(entry) != 4 or not isinstance(entry[1], bool):
+                raise DirectoryError(f"update {i} must be [anchor, full, added, removed]")
+            anchor = _uint(entry[0], f"update {i} anchor", 64)
+            if anchor in anchors:
+                raise DirectoryError(f"update {i} repeats anchor {anchor}")
+            anchors.add(anchor)
+            added = _unpack(entry[2], f"update {i} added", MAX_REGISTER_HASHES)
+            removed = _unpack(entry[3], f"update {i} removed", MAX_REGISTER_HASHES)
+            if entry[1] and removed:
+                raise DirectoryError(f"update {i}: a full update removes nothing")
+            if set(added) & set(removed):
+                raise DirectoryError(f"update {i} adds and removes the same hash")
+            total += len(added) + len(removed)
+            if total > MAX_REGISTER_HASHES:
+                raise DirectoryError(f"more than {MAX_REGISTER_HASHES} hashes in one register message")
+            updates.append(AnchorUpdate(anchor, entry[1], frozenset(added), frozenset(removed)))
+        return Register(_id(doc["n"], "holder id"), _uint(doc["e"], "epoch"), _load(doc["l"], "load"), tuple(updates))
+    if kind == "q":
+        anchor = _uint(doc["a"], "anchor", 64)
+        hashes = _unpack(doc["h"], "query hashes", MAX_QUERY_BLOCKS, ordered=True)
+        if not hashes or hashes[0] != anchor:
+            raise DirectoryError("query hashes must start with the anchor")
+        depth, stride, blocks = _uint(doc["d"], "depth"), _uint(doc["i"], "stride"), _uint(doc["b"], "blocks")
+        tail = _uint(doc["w"], "tail")
+        if not 1 <= depth <= blocks or stride < 1 or tail < 1:
+            raise DirectoryError("need 1 <= depth <= blocks, stride >= 1 and tail >= 1")
+        if _sampled_count(depth, blocks, stride, tail) != len(hashes):
+            raise DirectoryError("query hashes do not match its depth, stride, tail and blocks")
+        limit = _uint(doc["k"], "limit")
+        if not 1 <= limit <= MAX_ANSWER_HOLDERS:
+            raise DirectoryError(f"limit must be in 1..{MAX_ANSWER_HOLDERS}")
+        return Query(anchor, depth, stride, tail, blocks, hashes, _uint(doc["p"], "prompt tokens"), limit)
+    holders = []
+    for i, raw in enumerate(_list(doc["r"], "holders", MAX_ANSWER_HOLDERS)):
+        entry = _list(raw, f"holder {i}", 6)
+        if len(entry) != 6:
+            raise DirectoryError(f"holder {i} must be [id, match_blocks, queued, ms_per_token, active, age_ms]")
+        load = _load(entry[2:5], f"holder {i} load")
+        holders.append(
+            AnswerHolder(_id(entry[0], f"holder {i} id"), _uint(entry[1], f"holder {i} match"), load, _uint(entry[5], f"holder {i} age") / 1000.0)
+        )
+    return Answer(_uint(doc["a"], "anchor", 64), tuple(holders))
+
+
+# -- the directory side ---------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Record:
+    epoch: int
+    hashes: set[int]
+    seen_at: float
+
+
+@dataclass(slots=True)
+class _Holder:
+    epoch: int
+    load: Load
+    load_at: float
+
+
+class DirectoryStore:
+    """What one directory node knows: for each anchor it owns, who holds
+    which blocks under it, and each holder's last reported load."""
+
+    def __init__(self, block_size: int = 16) -> None:
+        self.block_size = block_size
+        self._records: dict[int, dict[str, _Record]] = {}
+        self._index: dict[int, dict[int, dict[str, None]]] = {}
+        """anchor -> block hash -> holders (dicts: deterministic order)."""
+        self._holders: dict[str, _Holder] = {}
+
+    def anchors(self) -> list[int]:
+        return list(self._records)
+
+    def holders(self, anchor: int) -> dict[str, frozenset[int]]:
+        return {h: frozenset(r.hashes) for h, r in self._records.get(anchor, {}).items()}
+
+    def __len__(self) -> int:
+        """Block registrations held (a memory measure)."""
+        return sum(len(r.hashes) for recs in self._records.values() for r in recs.values())
+
+    def _drop(self, anchor: int, holder: str) -> None:
+        recs = self._records.get(anchor)
+        if recs is None or holder not in recs:
+            return
+        rec = recs.pop(holder)
+        index = self._index[anchor]
+        for h in rec.hashes:
+            hs = index.get(h)
+            if hs is not None:
+                hs.pop(holder, None)
+                if not hs:
+                    del index[h]
+        if not recs:
+            del self._records[anchor]
+            del self._index[anchor]
+
+    def apply(self, msg: Register, now: float) -> None:
+        """Fold one register message in (a newer epoch replaces the holder's records)."""
+        holder = msg.holder
+        known = self._holders.get(holder)
+        if known is not None and known.epoch != msg.epoch:
+            self.drop_holder(holder)
+        self._holders[holder] = _Holder(msg.epoch, msg.load, now)
+        for u in msg.updates:
+            recs = self._records.setdefault(u.anchor, {})
+            index = self._index.setdefault(u.anchor, {})
+            rec = recs.get(holder)
+            if rec is None:
+                rec = recs[holder] = _Record(msg.epoch, set(), now)
+            rec.seen_at = now
+            if u.full:
+                gone = rec.hashes - u.added
+                new = u.added - rec.hashes
+            else:
+                gone = u.removed & rec.hashes
+                new = u.added - rec.hashes
+            for h in gone:
+                hs = index.get(h)
+                if hs is not None:
+                    hs.pop(holder, None)
+                    if not hs:
+                        del index[h]
+            for h in sorted(new):
+                index.setdefault(h, {})[holder] = None
+            rec.hashes -= gone
+            rec.hashes |= new
+            if not rec.hashes:
+                self._drop(u.anchor, holder)
+
+    def drop_holder(self, holder: str) -> None:
+        """Forget everything ``holder`` registered (it left, or restarted)."""
+        for anchor in [a for a, recs in self._records.items() if holder in recs]:
+            self._drop(anchor, holder)
+        self._holders.pop(holder, None)
+
+    def drop_anchor(self, anchor: int) -> None:
+        """Forget an anchor (this node no longer owns it)."""
+        for holder in list(self._records.get(anchor, {})):
+            self._drop(anchor, holder)
+
+    def expire(self, now: float, ttl: float) -> int:
+        """Drop records not refreshed for ``ttl`` seconds; returns how many."""
+        stale = [(a, h) for a, recs in self._records.items() for h, r in recs.items() if now - r.seen_at > ttl]
+        for a, h in stale:
+            self._drop(a, h)
+        live = {h for recs in self._records.values() for h in recs}
+        for h in [h for h in self._holders if h not in live]:
+            del self._holders[h]
+        return len(stale)
+
+    def answer(self, query: Query, now: float, exclude: str = "") -> Answer:
+        """The ``query.limit`` holders that look cheapest for this request.
+
+        A holder's match is the deepest query block it registered (chained
+        hashes: holding block *i* means holding 0..i); with a query stride
+        above 1 that understates it by fewer than ``stride`` blocks. Holders are ranked by
+        the same terms ``CostModel`` uses, without the RTT the directory
+        cannot know: reported queue (drained since the report, as
+        ``CostModel.drain_reported_queue`` does) plus the uncached prefill.
+        Cost: O(query blocks + holders of the anchor).
+        """
+        index = self._index.get(query.anchor)
+        if not index:
+            return Answer(query.anchor, ())
+        matched: dict[str, int] = {}
+        depths = query.depths()
+        for j in range(len(query.hashes) - 1, -1, -1):
+            hs = index.get(query.hashes[j])
+            if hs:
+                for h in hs:
+                    if h not in matched and h != exclude:
+                        matched[h] = depths[j]
+        scored = []
+        for h, blocks in matched.items():
+            info = self._holders[h]
+            load, age = info.load, max(0.0, now - info.load_at)
+            ms = load.prefill_ms_per_token
+            queued = load.queued_prefill_tokens
+            if ms > 0:
+                queued = max(0, queued - int(age * 1000.0 / ms))
+            uncached = max(1, query.prompt_tokens - blocks * self.block_size)
+            scored.append(((queued + uncached) * ms, h, blocks, load, age))
+        scored.sort(key=lambda t: (t[0], t[1]))
+        return Answer(
+            query.anchor, tuple(AnswerHolder(h, blocks, load, age) for _, h, blocks, load, age in scored[: query.limit])
+        )
+
+
+# -- the entry side -------------------------------------------------------------------
+
+
+def apply_answer(view: PeerView, answer: Answer, now: float, fingerprint: str) -> None:
+    """Fold an answer's loads into the entry's peer view (never over a fresher
+    report), so that busy backoffs, trust and RTTs apply to answered holders
+    as to any peer. Their cache match lives in :class:`DirectoryView`."""
+    for h in answer.holders:
+        if h.holder == view.self_id:
+            continue
+        at = now - h.age_s
+        state = view.get(h.holder)
+        if state is None or state.load_at is None or state.load_at < at:
+            view.update_load(h.holder, h.load, at)
+            state = view.get(h.holder)
+        assert state is not None
+        state.last_seen = max(state.last_seen, now)
+        if not state.fingerprint:
+            # The anchor is a chained hash seeded with the model fingerprint:
+            # a holder registered under it runs this model.
+            state.fingerprint = fingerprint
+
+
+class DirectoryView:
+    """The entry's :class:`PeerView` plus one directory answer, shaped like the
+    parts of a view a policy reads, so ``CostPolicy`` runs unchanged."""
+
+    def __init__(self, view: PeerView, answer: Answer | None, block_size: int) -> None:
+        self.view = view
+        self.fingerprint = view.fingerprint
+        self.self_id = view.self_id
+        self._matches = {} if answer is None else {h.holder: h.match_blocks for h in answer.holders if h.holder != view.self_id}
+        self.block_size = block_size
+
+    def longest_matches(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        out = self.view.longest_matches(block_hashes)
+        for peer, blocks in self._matches.items():
+            if peer in self.view and blocks > out.get(peer, 0):
+                out[peer] = min(blocks, len(block_hashes))
+        return out
+
+    def get(self, peer_id: str) -> PeerState | None:
+        return self.view.get(peer_id)
+
+    def eligible(self, state: PeerState, now: float) -> bool:
+        return self.view.eligible(state, now)
+
+    def cheapest_peers(self, k: int, now: float, exclude: Any = frozenset()) -> list[PeerState]:
+        return self.view.cheapest_peers(k, now, exclude=exclude)
+
+    def __contains__(self, peer_id: object) -> bool:
+        return peer_id in self.view
+
+    def __iter__(self) -> Iterator[PeerState]:
+        return iter(self.view)
+
+    def __len__(self) -> int:
+        return len(self.view)

@@ -1,0 +1,115 @@
+"""The simulator with the prefix directory: invariants, the round trip, the bytes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from p2pinfer.core.directory import DirectoryConfig
+from p2pinfer.core.router import GossipConfig
+from p2pinfer.sim import WALL_CLOCK_KEYS, SimConfig, Simulator
+from p2pinfer.sim.runner import WorkloadSpec, build_requests
+
+
+def strip_wall_clock(result: dict[str, Any]) -> dict[str, Any]:
+    out = json.loads(json.dumps(result))
+    for key in WALL_CLOCK_KEYS:
+        out.pop(key, None)
+        out["sim"].pop(key, None)
+    return out
+
+
+def run(config: SimConfig, built: Any) -> tuple[Simulator, dict[str, Any]]:
+    reqs, encoder, info = built
+    sim = Simulator(config, reqs, encoder, workload=info)
+    return sim, sim.run()
+
+
+@pytest.fixture(scope="module")
+def swarm_600() -> Any:
+    """600 MMLU arrivals at 0.35 req/s per node for 16 nodes."""
+    return build_requests(WorkloadSpec(requests=600), 16, 3)
+
+
+DIR = SimConfig(nodes=16, discovery="directory", topic_size=4, seed=3)
+
+
+def test_every_arrival_completes_exactly_once_under_churn_and_loss(swarm_600: Any) -> None:
+    config = replace(
+        DIR, churn_interval_s=8.0, rejoin_delay_s=2.0, loss=0.2, membership_delay_s=1.0, busy_queue_ms=1500.0,
+        gossip=GossipConfig(peer_ttl_s=3.0), directory=DirectoryConfig(refresh_s=5.0, entry_ttl_s=12.0),
+    )
+    sim, result = run(config, swarm_600)
+    assert sorted(r.rid for r in sim.completed) == list(range(600))  # each arrival once, none twice
+    assert not sim.pending and result["requests"] == 600
+    assert result["churn"]["leaves"] >= 5 and result["churn"]["joins"] >= 4
+    assert all(r.first_token is not None and r.first_token >= r.arrival for r in sim.completed)
+    d = result["discovery"]["directory"]
+    assert d["lost"] > 0 and d["query_timeouts"] > 0  # lost queries and dead owners were survived
+    assert result["failed_forwards"] + result["client_retries"] + result["orphaned_jobs"] > 0
+    assert result["hit_rate"] > 0.3  # it still finds caches
+
+
+def test_same_seed_same_result(swarm_600: Any) -> None:
+    config = replace(DIR, loss=0.1, churn_interval_s=20.0)
+    a = strip_wall_clock(run(config, swarm_600)[1])
+    b = strip_wall_clock(run(config, build_requests(WorkloadSpec(requests=600), 16, 3))[1])
+    assert a == b
+    c = strip_wall_clock(run(replace(config, seed=4), build_requests(WorkloadSpec(requests=600), 16, 4))[1])
+    assert c != a
+
+
+def _cli_json(hash_seed: str) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONHASHSEED=hash_seed)
+    out = subprocess.run(
+        [sys.executable, "-m", "p2pinfer.cli.main", "simulate", "--requests", "300", "--nodes", "12", "--discovery",
+         "directory", "--topic-size", "4", "--seed", "3", "--loss", "0.1", "--churn-interval", "20", "--json"],
+        capture_output=True, text=True, check=True, env=env,
+    )
+    return json.loads(out.stdout)
+
+
+def test_same_seed_same_json_across_processes() -> None:
+    a, b = _cli_json("1"), _cli_json("2")
+    assert a["params"]["gossip"]["discovery"] == "directory"
+    assert strip_wall_clock(a) == strip_wall_clock(b)
+
+
+def test_the_directory_finds_holders_no_neighbour_knows(swarm_600: Any) -> None:
+    """Topics of one node gossip nothing: what the directory adds is all there is."""
+    alone = SimConfig(nodes=16, topic_size=1, seed=3)
+    _, blind = run(alone, swarm_600)
+    _, found = run(replace(alone, discovery="directory"), swarm_600)
+    _, oracle = run(replace(alone, policy="oracle"), swarm_600)
+    assert blind["gossip_bytes_per_node_per_s"] == 0 and blind["forwarded_share"] == 0
+    assert found["hit_rate"] > blind["hit_rate"] + 0.1
+    assert found["hit_rate"] > oracle["hit_rate"] - 0.05
+    by_kind = found["discovery"]["in_bytes_per_node_per_s_by_kind"]
+    assert set(by_kind) == {"directory query", "directory answer", "directory register", "directory refresh"}
+    assert found["gossip_bytes_per_node_per_s"] == pytest.approx(sum(by_kind.values()), abs=1.0)
+
+
+def test_the_lookup_round_trip_is_charged(swarm_600: Any) -> None:
+    """At 50 ms per hop a remote lookup delays the decision by exactly 100 ms."""
+    config = replace(DIR, latency="50", record_decisions=True)
+    sim, result = run(config, swarm_600)
+    waits = sorted(set(round(w, 6) for w in sim.lookup_ms))
+    assert waits[-1] == pytest.approx(100.0) and set(waits) <= {0.0, 100.0}  # 0: this node owns the anchor
+    assert result["decision_wait_ms"]["p50"] == pytest.approx(100.0)
+    for r in sim.completed:
+        if r.served_by is not r.entry:
+            assert r.first_token - r.arrival >= 0.1  # lookup + two hops at least
+
+
+def test_directory_is_validated() -> None:
+    with pytest.raises(ValueError, match="discovery"):
+        SimConfig(discovery="dht").validate()
+    with pytest.raises(ValueError, match="instant"):
+        SimConfig(discovery="directory", instant_gossip=True).validate()
+    SimConfig(nodes=4096, discovery="directory").validate()  # no node indexes the whole swarm
