@@ -50,6 +50,9 @@ class RequestOutcome:
     reused: int = 0
     status: int = 0
     error: str | None = None
+    engine_queue_ms: float | None = None
+    engine_prefill_ms: float | None = None
+    """The serving engine's own timing (queue; restore + prefill to the first token)."""
     sent_s: float = 0.0
     """When the client sent it, seconds from the start of the run (to replay
     the same arrivals in the simulator)."""
@@ -95,6 +98,8 @@ async def _one(client: httpx.AsyncClient, url: str, req: LiveRequest, run_t0: fl
                     out.prompt_tokens = facts["prompt_tokens"]
                     out.predicted = facts["predicted_reused_tokens"]
                     out.reused = facts["reused_tokens"]
+                    out.engine_queue_ms = facts.get("engine_queue_ms")
+                    out.engine_prefill_ms = facts.get("engine_prefill_ms")
                     out.ok = True
     except httpx.HTTPError as exc:
         out.error = f"{type(exc).__name__}: {exc}"

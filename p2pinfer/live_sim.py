@@ -18,7 +18,47 @@ from typing import Any
 from .core.costmodel import EngineCostModel
 from .live_bench import LiveRequest
 
-__all__ = ["live_cost_model", "simulate_live_run"]
+__all__ = ["fit_engine_timing", "live_cost_model", "simulate_live_run"]
+
+MIN_FIT_SAMPLES = 8
+
+
+def fit_engine_timing(
+    samples: Sequence[tuple[int, int, float]], base: EngineCostModel | None = None
+) -> EngineCostModel | None:
+    """Fit ``overhead + hit x restore + new tokens x ms/token`` to what the
+    serving engines measured: (prompt tokens, reused tokens, engine ms from
+    the start of prefill to the first token) per request.
+
+    That is the simulator's engine model, fitted on the live run itself, so
+    it carries the run's real CPU contention (nodes sharing cores) on
+    average. ``None`` when there are too few samples or the fit is not
+    physical (a negative slope).
+    """
+    import numpy as np
+
+    rows = [(1.0, 1.0 if reused else 0.0, float(max(1, prompt - reused)), ms) for prompt, reused, ms in samples if ms > 0]
+    if len(rows) < MIN_FIT_SAMPLES:
+        return None
+    a = np.array([r[:3] for r in rows])
+    y = np.array([r[3] for r in rows])
+    if len({r[1] for r in rows}) == 1:  # all hits or all misses: restore cannot be told apart
+        a = a[:, [0, 2]]
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    overhead = float(coef[0])
+    per_token = float(coef[-1])
+    restore = float(coef[1]) if a.shape[1] == 3 else 0.0
+    if per_token <= 0:
+        return None
+    base = base or EngineCostModel()
+    return EngineCostModel(
+        prefill_ms_per_token=round(per_token, 4),
+        decode_ms_per_token=round(base.decode_ms_per_token * per_token / base.prefill_ms_per_token, 4),
+        cache_hit_overhead_ms=round(max(0.0, restore), 3),
+        request_overhead_ms=round(max(0.0, overhead), 3),
+        source=f"least-squares fit of {len(rows)} engine timings of the live run "
+        f"(overhead {overhead:.1f} ms, restore {restore:.1f} ms, {per_token:.2f} ms/token); decode scaled alike",
+    )
 
 
 def live_cost_model(prefill_ms_per_token: Sequence[float], base: EngineCostModel | None = None) -> EngineCostModel:

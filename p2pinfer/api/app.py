@@ -67,6 +67,9 @@ def _routing_facts(result: GenerateResult) -> dict[str, Any]:
         "reused_tokens": result.reused_tokens,
         "prompt_tokens": result.prompt_tokens,
         "ttft_ms": round(result.ttft_s * 1000, 3),
+        # The serving engine's own timing: waiting for it, then restore + prefill to the first token.
+        "engine_queue_ms": round(result.record.queue_s * 1000, 3),
+        "engine_prefill_ms": round(max(0.0, result.record.ttft_s - result.record.queue_s) * 1000, 3),
         "attempts": [a.as_dict() for a in result.attempts],
     }
 

@@ -136,14 +136,23 @@ def _simulate_same_arrivals(
     run: Any, reqs: list[Any], summary: dict[str, Any], nodes: int, cache_tokens: int, seed: int
 ) -> dict[str, Any]:
     """The simulator's prediction for this very run (see p2pinfer/live_sim.py)."""
-    from ..live_sim import live_cost_model, simulate_live_run
+    from ..live_sim import fit_engine_timing, live_cost_model, simulate_live_run
 
     rtt = summary.get("peer_rtt_ms_median")
     one_way = rtt / 2 if rtt else 0.0
+    timings = [(o.prompt_tokens, o.reused, o.engine_prefill_ms) for o in run.outcomes
+               if o.ok and o.engine_prefill_ms is not None]
+    cost = fit_engine_timing(timings) or live_cost_model(run.prefill_ms_per_token)
     sim = simulate_live_run(
         reqs, [o.sent_s for o in run.outcomes], policy=run.policy, nodes=nodes, cache_tokens=cache_tokens,
-        one_way_ms=one_way, cost=live_cost_model(run.prefill_ms_per_token), seed=seed,
+        one_way_ms=one_way, cost=cost, seed=seed,
     )
+    queue = [o.engine_queue_ms for o in run.outcomes if o.ok and o.engine_queue_ms is not None]
+    service = [o.engine_prefill_ms for o in run.outcomes if o.ok and o.engine_prefill_ms is not None]
+    if queue and service:
+        # Where the live time went, to set against the simulator's.
+        summary["engine_queue_ms_mean"] = round(sum(queue) / len(queue), 1)
+        summary["engine_prefill_ms_mean"] = round(sum(service) / len(service), 1)
     live_mean, sim_mean = summary["ttft_ms"]["mean"], sim["ttft_ms"]["mean"]
     sim["live_over_simulated_mean_ttft"] = round(live_mean / sim_mean, 3) if live_mean and sim_mean else None
     return sim

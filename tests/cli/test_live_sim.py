@@ -6,7 +6,7 @@ import pytest
 
 from p2pinfer.core.costmodel import EngineCostModel
 from p2pinfer.live_bench import LiveRequest
-from p2pinfer.live_sim import live_cost_model, simulate_live_run
+from p2pinfer.live_sim import fit_engine_timing, live_cost_model, simulate_live_run
 
 HEADER = "The following are multiple choice questions (with answers) about anatomy. " * 20
 
@@ -48,3 +48,24 @@ def test_replay_uses_the_measured_delay() -> None:
 def test_replay_needs_one_send_time_per_request() -> None:
     with pytest.raises(ValueError, match="one send time per request"):
         simulate_live_run(_requests(3), [0.0], policy="cost", nodes=2, cache_tokens=4000, one_way_ms=1.0, cost=EngineCostModel())
+
+
+def test_engine_timing_fit_recovers_overhead_restore_and_speed() -> None:
+    samples = []
+    for i in range(40):
+        prompt = 200 + 7 * i
+        reused = 160 if i % 2 else 0
+        ms = 30.0 + (12.0 if reused else 0.0) + (prompt - reused) * 6.5
+        samples.append((prompt, reused, ms))
+    model = fit_engine_timing(samples)
+    assert model is not None
+    assert model.prefill_ms_per_token == pytest.approx(6.5, rel=1e-3)
+    assert model.request_overhead_ms == pytest.approx(30.0, abs=0.1)
+    assert model.cache_hit_overhead_ms == pytest.approx(12.0, abs=0.1)
+    assert "fit of 40 engine timings" in model.source
+
+
+def test_engine_timing_fit_refuses_too_few_or_unphysical_samples() -> None:
+    assert fit_engine_timing([(100, 0, 500.0)] * 3) is None
+    falling = [(100 + 10 * i, 0, 1000.0 - 5 * i) for i in range(20)]  # slower for fewer tokens
+    assert fit_engine_timing(falling) is None
