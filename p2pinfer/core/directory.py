@@ -108,7 +108,9 @@ class DirectoryConfig:
     entry_ttl_s: float = 75.0
     """A directory forgets a holder's record not refreshed for this long."""
     query_timeout_s: float = 0.25
-    """An entry that has no answer by then decides with what it knows."""
+    """An entry that has no answer by then asks again (the next replica),
+    and after ``query_attempts`` tries decides with what it knows."""
+    query_attempts: int = 2
     query_stride: int = 4
     """A query carries every ``query_stride``-th block hash past the anchor,
     then every hash of the last ``query_tail`` blocks: a long prompt's query
@@ -119,8 +121,8 @@ class DirectoryConfig:
     prefix usually part (the new question, the new turn)."""
 
     def __post_init__(self) -> None:
-        if min(self.anchor_blocks, self.replicas, self.query_stride, self.query_tail) < 1:
-            raise ValueError("anchor_blocks, replicas, query_stride and query_tail must be >= 1")
+        if min(self.anchor_blocks, self.replicas, self.query_stride, self.query_tail, self.query_attempts) < 1:
+            raise ValueError("anchor_blocks, replicas, query_stride, query_tail and query_attempts must be >= 1")
         if not 1 <= self.answer_holders <= MAX_ANSWER_HOLDERS:
             raise ValueError(f"answer_holders must be in 1..{MAX_ANSWER_HOLDERS}")
         if min(self.update_interval_s, self.refresh_s, self.entry_ttl_s, self.query_timeout_s) <= 0:

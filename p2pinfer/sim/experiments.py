@@ -595,6 +595,9 @@ def scale(
     long_per_node: int = 48,
     topic_sizes: Sequence[int] = (8, 16, 32),
     neighbourhood: int = DIRECTORY_NEIGHBOURHOOD,
+    churn_size: int = 256,
+    churn_interval_s: float = 2.0,
+    churn_loss: float = 0.01,
 ) -> dict[str, Any]:
     """4 .. 1,024 nodes: hit rate against the oracle, gossip bytes, decision time.
 
@@ -602,7 +605,10 @@ def scale(
     every cache change), random topics (each node routes among its topic
     only), and the prefix directory (p2pinfer/core/directory.py: holders
     register with the owner of each prefix anchor, entries ask it; only load
-    reports are gossiped, in topics of ``neighbourhood`` nodes)."""
+    reports are gossiped, in topics of ``neighbourhood`` nodes). At
+    ``churn_size`` nodes the oracle, one topic and the directory (1 and 2
+    replicas) also run with a node replaced every ``churn_interval_s`` and
+    ``churn_loss`` message loss."""
     sizes = list(sizes or ([4, 16, 64] if quick else [4, 16, 64, 256, 1024]))
     largest = max(sizes)
     long_n = long_per_node * largest
@@ -637,6 +643,14 @@ def scale(
         plan(largest, "oracle (central, exact)", long_n, SimConfig(nodes=largest, policy="oracle", warmup=SCALE_WARMUP))
     if long_n != short_max:
         plan(largest, dir_variant, long_n, directory(largest))
+    churned = f", churn every {churn_interval_s:g} s, {churn_loss:.0%} loss"
+    if churn_size in sizes:
+        n_c = max(3000, per_node * churn_size)
+        churn = {"churn_interval_s": churn_interval_s, "loss": churn_loss}
+        plan(churn_size, "oracle (central, exact)" + churned, n_c, SimConfig(nodes=churn_size, policy="oracle", warmup=SCALE_WARMUP, **churn))
+        plan(churn_size, "one topic, default gossip" + churned, n_c, SimConfig(nodes=churn_size, warmup=SCALE_WARMUP, **churn))
+        plan(churn_size, dir_variant + churned, n_c, replace(directory(churn_size), **churn))
+        plan(churn_size, dir_variant + ", 2 replicas" + churned, n_c, replace(directory(churn_size), directory=DirectoryConfig(replicas=2), **churn))
     for g in topic_sizes:
         if g < largest:
             cfg = SimConfig(nodes=largest, topic_size=g, gossip=SCALED_GOSSIP, warmup=SCALE_WARMUP)
@@ -660,15 +674,17 @@ def scale(
                 bytes_in_node_max=disc.get("in_bytes_per_s_node_max"),
                 decision_wait_ms_mean=wait.get("mean", 0.0 if r["policy"] != "oracle" else None),
                 directory=disc.get("directory"),
+                directory_query_us_p50=r.get("directory_query_us_p50"),
+                busiest_node_by_kind=disc.get("busiest_node_in_bytes_per_s_by_kind"),
             ))
     agg = _aggregate(rows, ["hit_rate", "ttft_ms_mean", "ttft_ms_p99", "gossip_bytes_per_node_per_s", "bytes_in_node_max", "decision_us_p50", "decision_wait_ms_mean", "run_wall_s"], ["nodes", "requests", "variant"])
-    oracle_hit = {(a["nodes"], a["requests"]): a["hit_rate"] for a in agg if a["variant"].startswith("oracle")}
+    oracle_hit = {(a["nodes"], a["requests"], churned in a["variant"]): a["hit_rate"] for a in agg if a["variant"].startswith("oracle")}
     for a in agg:
-        a["hit_rate_gap_to_oracle_points"] = round(100 * (oracle_hit[(a["nodes"], a["requests"])] - a["hit_rate"]), 2)
-    at_max = [a for a in agg if a["nodes"] == largest and not a["variant"].startswith("oracle")]
+        a["hit_rate_gap_to_oracle_points"] = round(100 * (oracle_hit[(a["nodes"], a["requests"], churned in a["variant"])] - a["hit_rate"]), 2)
+    at_max = [a for a in agg if a["nodes"] == largest and not a["variant"].startswith("oracle") and churned not in a["variant"]]
     at_max.sort(key=lambda a: (a["variant"] != dir_variant, a["variant"], a["requests"]))
     ok = [a for a in at_max if a["hit_rate_gap_to_oracle_points"] <= 5 and a["gossip_bytes_per_node_per_s"] <= 10_000]
-    runtime = {a["variant"]: a["run_wall_s"] for a in agg if a["nodes"] == largest and a["requests"] == long_n}
+    runtime = {a["variant"]: a["run_wall_s"] for a in agg if a["nodes"] == largest and a["requests"] == long_n and churned not in a["variant"]}
     targets = {
         f"hit_rate_and_gossip_at_{largest}": {
             "target": f"at {largest} nodes, cost hit rate within 5 points of oracle (same requests) with <= 10 KB/s gossip per node",
@@ -687,7 +703,7 @@ def scale(
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     short_of = {n: max(3000, per_node * n) for n in sizes}
     flat = sorted((a["nodes"], a) for a in agg if a["variant"] == "one topic, default gossip")
-    orc = sorted((a["nodes"], a) for a in agg if a["variant"].startswith("oracle") and a["requests"] == short_of[a["nodes"]])
+    orc = sorted((a["nodes"], a) for a in agg if a["variant"] == "oracle (central, exact)" and a["requests"] == short_of[a["nodes"]])
     axes[0].plot([n for n, _ in orc], [a["hit_rate"] for _, a in orc], "k-o", label="oracle")
     axes[0].plot([n for n, _ in flat], [a["hit_rate"] for _, a in flat], "-o", color=_COLORS["cost"], label="cost, one topic, default gossip")
     axes[1].plot([n for n, _ in flat], [a["gossip_bytes_per_node_per_s"] for _, a in flat], "-o", color=_COLORS["cost"], label="one topic, default gossip")
@@ -723,7 +739,7 @@ def scale(
     fig.suptitle(f"Scale: MMLU uniform, {DEFAULT_RATE_PER_NODE} req/s per node, 1 ms per hop, {per_node} requests per node (min 3000); second half measured")
     data = {
         "experiment": "scale",
-        "setting": {**BASE_SETTING, "sizes": sizes, "requests_per_node": per_node, "long_requests_per_node": long_per_node, "warmup_share": SCALE_WARMUP, "seeds": seeds, "directory": {"neighbourhood": neighbourhood, **asdict(DirectoryConfig())}, "scaled_gossip": {"delta_interval_s": SCALED_GOSSIP.delta_interval_s, "full_interval_s": SCALED_GOSSIP.full_interval_s, "load_interval_s": SCALED_GOSSIP.load_interval_s, "peer_ttl_s": SCALED_GOSSIP.peer_ttl_s}},
+        "setting": {**BASE_SETTING, "sizes": sizes, "requests_per_node": per_node, "long_requests_per_node": long_per_node, "warmup_share": SCALE_WARMUP, "seeds": seeds, "directory": {"neighbourhood": neighbourhood, **asdict(DirectoryConfig())}, "churn": {"nodes": churn_size, "interval_s": churn_interval_s, "loss": churn_loss}, "scaled_gossip": {"delta_interval_s": SCALED_GOSSIP.delta_interval_s, "full_interval_s": SCALED_GOSSIP.full_interval_s, "load_interval_s": SCALED_GOSSIP.load_interval_s, "peer_ttl_s": SCALED_GOSSIP.peer_ttl_s}},
         "summary": agg,
         "targets": targets,
         "skipped": skipped,

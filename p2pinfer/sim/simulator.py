@@ -345,6 +345,7 @@ class Simulator:
         self.dir_bytes: Counter[str] = Counter()
         self.dir_lost = 0
         self.dir_timeouts = 0
+        self.dir_blind = 0
         self.dir_answered = 0
         self.dir_empty = 0
         self.lookup_ms: list[float] = []
@@ -674,11 +675,19 @@ class Simulator:
         if not owners:
             self._decide(req, node, None, hash_ns)
             return
-        # Replicas share the queries (each request asks one of them); an entry
-        # that is itself an owner asks itself.
-        owner_id = node.id if node.id in owners else owners[req.rid % len(owners)]
         query = make_query(req.hashes, req.n_tokens, d)
         assert query is not None
+        self._ask(req, node, query, 0, hash_ns)
+
+    def _ask(self, req: Req, node: SimNode, query: Query, attempt: int, hash_ns: int) -> None:
+        d = self.dir_cfg
+        owners = self.membership.owners(query.anchor)
+        if not owners:
+            self._decide(req, node, None, hash_ns)
+            return
+        # Replicas share the queries (each request asks one of them, a retry
+        # the next); an entry that is itself an owner asks itself.
+        owner_id = node.id if node.id in owners else owners[(req.rid + attempt) % len(owners)]
         if owner_id == node.id:
             answer = node.store.answer(query, self.now, exclude=node.id)  # type: ignore[union-attr]
             self.dir_answered += 1
@@ -691,7 +700,7 @@ class Simulator:
         owner = self.by_id[owner_id]
         self.dir_count["query"] += 1
         self.at(self.now + self.link_s(node, owner), self._dir_query_arrive, req, req.gen, token, node, owner, data, hash_ns)
-        self.at(self.now + d.query_timeout_s, self._dir_timeout, req, req.gen, token, node, hash_ns)
+        self.at(self.now + d.query_timeout_s, self._dir_timeout, req, req.gen, token, node, query, attempt, hash_ns)
 
     def _dir_query_arrive(self, req: Req, gen: int, token: int, entry: SimNode, owner: SimNode, data: bytes, hash_ns: int) -> None:
         if not owner.alive or (self.config.loss and self.rng_loss.random() < self.config.loss):
@@ -729,12 +738,16 @@ class Simulator:
         self.dir_empty += not answer.holders
         self._decide(req, entry, answer, hash_ns)
 
-    def _dir_timeout(self, req: Req, gen: int, token: int, entry: SimNode, hash_ns: int) -> None:
+    def _dir_timeout(self, req: Req, gen: int, token: int, entry: SimNode, query: Query, attempt: int, hash_ns: int) -> None:
         if gen != req.gen or req.done or req.lookup != token or not entry.alive:
             return
         req.lookup = 0
         self.dir_timeouts += 1
-        self._decide(req, entry, None, hash_ns)
+        if attempt + 1 < self.dir_cfg.query_attempts:
+            self._ask(req, entry, query, attempt + 1, hash_ns)  # a lost message or a dead owner: once more
+        else:
+            self.dir_blind += 1
+            self._decide(req, entry, None, hash_ns)  # decide with what the entry knows
 
     def _decide(self, req: Req, node: SimNode, answer: Answer | None, hash_ns: int) -> None:
         """The entry's decision: the node's own policy object over its peer

@@ -56,6 +56,17 @@ def test_every_arrival_completes_exactly_once_under_churn_and_loss(swarm_600: An
     assert result["hit_rate"] > 0.3  # it still finds caches
 
 
+def test_a_timed_out_query_is_asked_again(swarm_600: Any) -> None:
+    lossy = replace(DIR, loss=0.2)
+    _, once = run(replace(lossy, directory=DirectoryConfig(query_attempts=1)), swarm_600)
+    _, twice = run(lossy, swarm_600)
+    a, b = once["discovery"]["directory"], twice["discovery"]["directory"]
+    assert a["decided_without_answer"] == a["query_timeouts"] > 0
+    assert 0 < b["decided_without_answer"] < b["query_timeouts"]
+    assert b["decided_without_answer"] < a["decided_without_answer"] / 2
+    assert b["messages"]["query"] > a["messages"]["query"]
+
+
 def test_same_seed_same_result(swarm_600: Any) -> None:
     config = replace(DIR, loss=0.1, churn_interval_s=20.0)
     a = strip_wall_clock(run(config, swarm_600)[1])
