@@ -9,6 +9,11 @@ from typing import Any, Optional
 import typer
 
 DEMO_POLICIES = ("cost", "round-robin", "random")
+_KEPT_OUTCOME_FIELDS = (
+    "entry", "ok", "ttft_ms", "served_by", "hops", "prompt_tokens", "predicted", "reused",
+    "engine_queue_ms", "engine_prefill_ms", "sent_s",
+)
+"""Per request, in request order: enough to replay a run in the simulator later."""
 ALL_LIVE_POLICIES = ("cost", "paper", "random", "round-robin", "least-loaded", "local")
 
 
@@ -85,7 +90,7 @@ def run_live_experiment(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..live_bench import mmlu_live_requests, run_policy, summarise
+    from ..live_bench import mmlu_live_requests, outcomes_json, run_policy, summarise
 
     console = Console(stderr=True, quiet=quiet)
     reqs, meta = mmlu_live_requests(requests, nodes, max_subjects=subjects, seed=seed, max_tokens=max_tokens)
@@ -111,6 +116,10 @@ def run_live_experiment(
             run = run_policy(policy, nodes, reqs, concurrency=concurrency, node_args=node_args, engine=engine,
                              progress=tick, wrap=wrap, hosts=hosts, link_delay_ms=link_delay_ms)
             summary = summarise(run)
+            summary["outcomes"] = [
+                {k: v for k, v in o.items() if k in _KEPT_OUTCOME_FIELDS} for o in outcomes_json(run)
+            ]
+            summary["prefill_ms_per_token_nodes"] = run.prefill_ms_per_token
             if simulate and cache_tokens is not None:
                 progress.update(task, description=f"{policy:>13}: simulating the same arrivals")
                 summary["simulator"] = _simulate_same_arrivals(run, reqs, summary, nodes, cache_tokens, seed)
