@@ -96,6 +96,8 @@ def simulate(
     anchor_blocks: int = typer.Option(4, min=1, help="--discovery directory: depth of the anchor block (16 tokens each)."),
     directory_replicas: int = typer.Option(1, min=1, max=8, help="--discovery directory: owners per anchor."),
     churn_interval: float = typer.Option(0.0, min=0.0, help="Mean seconds between node replacements (0: none)."),
+    shared_cores: float = typer.Option(
+        0.0, min=0.0, help="Every node on one machine with this many cores, shared (0: one machine per node)."),
     trace: Optional[Path] = typer.Option(None, help="JSONL trace to replay (with --workload trace)."),
     mmlu_dir: Optional[Path] = typer.Option(None, help="MMLU folder with dev/ and test/ (default: the packaged subset)."),
     tokenizer: str = typer.Option("auto", help="auto (the model's when installed), model or approx."),
@@ -150,6 +152,7 @@ def simulate(
         discovery=discovery,
         directory=DirectoryConfig(anchor_blocks=anchor_blocks, replicas=directory_replicas),
         churn_interval_s=churn_interval,
+        shared_cores=shared_cores,
         warmup=warmup,
         seed=seed,
     )

@@ -132,6 +132,7 @@ def summarise(sim: Simulator, wall_s: float) -> dict[str, Any]:
             "discovery": cfg.discovery,
             },
             "churn_interval_s": cfg.churn_interval_s or None,
+            "shared_cores": cfg.shared_cores or "none: one machine per node",
             "warmup_share": cfg.warmup,
             "seed": cfg.seed,
         },

@@ -77,6 +77,7 @@ from .network import (
     stream_request_bytes,
     stream_response_bytes,
 )
+from .cpu import SharedCpu
 from .oracle import OracleIndex, OraclePolicy
 
 __all__ = ["SIM_POLICIES", "SimConfig", "SimNode", "Simulator", "default_fingerprint"]
@@ -145,6 +146,10 @@ class SimConfig:
     reflects a join or a leave; meanwhile messages to a departed owner are lost."""
     mesh_degree: int = DEFAULT_MESH_DEGREE
     envelope_bytes: int = DEFAULT_ENVELOPE_BYTES
+    shared_cores: float = 0.0
+    """0: every node is its own machine. Else every node runs on one machine
+    with this many cores, shared (processor sharing, ``sim/cpu.py``): the
+    setting of a live benchmark swarm started on one box."""
     churn_interval_s: float = 0.0
     """Mean seconds between two node replacements in the swarm (0: no churn)."""
     rejoin_delay_s: float = 5.0
@@ -177,6 +182,8 @@ class SimConfig:
             raise ValueError("cache_tokens, topic_size must be >= 0 and mesh_degree >= 1")
         if not 0 <= self.warmup < 1:
             raise ValueError("warmup must be in [0, 1)")
+        if self.shared_cores < 0:
+            raise ValueError("shared_cores must be >= 0 (0: one machine per node)")
         if self.discovery not in DISCOVERY:
             raise ValueError(f"unknown discovery {self.discovery!r}; choose from {', '.join(DISCOVERY)}")
         if self.discovery == "directory" and self.instant_gossip:
@@ -331,6 +338,7 @@ class Simulator:
         self.now = 0.0
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = 0
+        self.cpu = SharedCpu(config.shared_cores, self.at, lambda: self.now) if config.shared_cores else None
         self.nodes: list[SimNode] = []
         self.by_id: dict[str, SimNode] = {}
         self.alive: list[SimNode] = []
@@ -379,6 +387,13 @@ class Simulator:
     def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, fn, args))
+
+    def _compute(self, node: SimNode, work_s: float, fn: Callable[..., None], *args: Any) -> None:
+        """``work_s`` of engine work on ``node`` at full speed, then ``fn(*args)``."""
+        if self.cpu is None:
+            self.at(self.now + work_s, fn, *args)
+        else:
+            self.cpu.start(self.now, node, work_s, fn, *args)
 
     # -- topology ------------------------------------------------------------
     def link_s(self, a: SimNode, b: SimNode) -> float:
@@ -880,7 +895,7 @@ class Simulator:
         job.reused = reused
         duration = self.config.cost.prefill_ms(len(tokens), reused) / 1000.0
         node.busy_s += duration
-        self.at(self.now + duration, self._prefill_done, node, job)
+        self._compute(node, duration, self._prefill_done, node, job)
 
     def _prefill_done(self, node: SimNode, job: Job) -> None:
         if not node.alive:
@@ -900,7 +915,7 @@ class Simulator:
             self.orphaned += 1
         decode = self.config.cost.decode_ms(req.output_tokens) / 1000.0
         node.busy_s += decode
-        self.at(self.now + decode, self._done, node, job)
+        self._compute(node, decode, self._done, node, job)
         self._check_busy(node)
 
     def _forward_result(self, origin: SimNode, peer: SimNode, predicted: int, realised: int) -> None:
@@ -957,6 +972,8 @@ class Simulator:
         jobs = list(node.queue) + ([node.current] if node.current is not None else [])
         node.queue.clear()
         node.current = None
+        if self.cpu is not None:
+            self.cpu.cancel(self.now, node)
         served_here = {job.req.rid for job in jobs if job.gen == job.req.gen}
         for req in list(self.pending.values()):
             if req.entry is node:
