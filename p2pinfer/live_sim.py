@@ -18,13 +18,13 @@ from typing import Any
 from .core.costmodel import EngineCostModel
 from .live_bench import LiveRequest
 
-__all__ = ["fit_engine_timing", "live_cost_model", "simulate_live_run"]
+__all__ = ["fit_engine_timing", "full_speed_work", "live_cost_model", "simulate_live_run"]
 
 MIN_FIT_SAMPLES = 8
 
 
 def fit_engine_timing(
-    samples: Sequence[tuple[int, int, float]], base: EngineCostModel | None = None
+    samples: Sequence[tuple[int, int, float]], base: EngineCostModel | None = None, what: str = "engine timings"
 ) -> EngineCostModel | None:
     """Fit ``overhead + hit x restore + new tokens x ms/token`` to what the
     serving engines measured: (prompt tokens, reused tokens, engine ms from
@@ -56,9 +56,36 @@ def fit_engine_timing(
         decode_ms_per_token=round(base.decode_ms_per_token * per_token / base.prefill_ms_per_token, 4),
         cache_hit_overhead_ms=round(max(0.0, restore), 3),
         request_overhead_ms=round(max(0.0, overhead), 3),
-        source=f"least-squares fit of {len(rows)} engine timings of the live run "
+        source=f"least-squares fit of {len(rows)} {what} of the live run "
         f"(overhead {overhead:.1f} ms, restore {restore:.1f} ms, {per_token:.2f} ms/token); decode scaled alike",
     )
+
+
+def full_speed_work(intervals: Sequence[tuple[float, float]], cores: float) -> list[float]:
+    """Seconds of full-speed work in each (start, end) engine interval, when
+    every interval ran on one machine of ``cores`` cores shared by all.
+
+    While k intervals overlap, each progresses at ``min(1, cores / k)``
+    (the simulator's processor-sharing model, ``sim/cpu.py``), so a prefill
+    that took 2 s while four nodes computed on two cores was 1 s of work.
+    """
+    points = sorted({t for iv in intervals for t in iv})
+    # Busy count on each elementary segment between consecutive time points.
+    delta: dict[float, int] = {}
+    for a, b in intervals:
+        delta[a] = delta.get(a, 0) + 1
+        delta[b] = delta.get(b, 0) - 1
+    rate_at: dict[float, float] = {}
+    busy = 0
+    for t in points:
+        busy += delta.get(t, 0)
+        rate_at[t] = min(1.0, cores / busy) if busy > 0 else 1.0
+    index = {t: i for i, t in enumerate(points)}
+    work = []
+    for a, b in intervals:
+        i, j = index[a], index[b]
+        work.append(sum((points[k + 1] - points[k]) * rate_at[points[k]] for k in range(i, j)))
+    return work
 
 
 def live_cost_model(prefill_ms_per_token: Sequence[float], base: EngineCostModel | None = None) -> EngineCostModel:
@@ -92,6 +119,7 @@ def simulate_live_run(
     one_way_ms: float,
     cost: EngineCostModel,
     seed: int = 1,
+    shared_cores: float = 0.0,
 ) -> dict[str, Any]:
     """Simulate ``requests`` arriving at ``sent_s`` at their entry nodes."""
     from .sim.runner import _encoder
@@ -106,7 +134,7 @@ def simulate_live_run(
     ]
     config = SimConfig(
         nodes=nodes, policy=policy, latency=f"{one_way_ms:g}", cache_tokens=cache_tokens, cost=cost,
-        warmup=0.0, seed=seed,
+        warmup=0.0, seed=seed, shared_cores=shared_cores,
     )
     info = {"kind": "replay of a live bench swarm run", "requests": len(timed)}
     result = Simulator(config, timed, _encoder("auto"), workload=info).run()
@@ -115,6 +143,7 @@ def simulate_live_run(
         "hit_rate": result["hit_rate"],
         "forwarded_share": result["forwarded_share"],
         "one_way_ms": one_way_ms,
+        "shared_cores": shared_cores or None,
         "cost_model": cost.as_dict(),
         "tokenizer": result.get("tokenizer"),
     }
