@@ -64,7 +64,8 @@ def test_bench_swarm_small_run_reports_every_figure(tmp_path: Path) -> None:
         # The simulator's prediction for the same arrivals, delay and node speed.
         sim = p["simulator"]
         assert sim["ttft_ms"]["mean"] > 0 and sim["one_way_ms"] > 0
-        assert sim["cost_model"]["prefill_ms_per_token"] > 0 and "live nodes" in sim["cost_model"]["source"]
+        assert sim["cost_model"]["prefill_ms_per_token"] > 0 and "live" in sim["cost_model"]["source"]
+        assert sim["shared_cores"] >= 1 and sim["one_machine_per_node"]["ttft_ms"]["mean"] > 0
     cost = result["policies"][0]
     assert cost["hit_rate"] > 0  # five questions of one subject share its header
     assert (tmp_path / "swarm.png").stat().st_size > 1000
