@@ -112,16 +112,19 @@ class SimulatedEngine(Engine):
         self._queued_prefill += estimate
         try:
             async with self._lock:
-                self._queued_prefill -= estimate
-                estimate = 0
                 queue_s = time.perf_counter() - t0
                 reused = self._cache.match(tokens)
+                # The request in prefill still counts (Load.queued_prefill_tokens), at its true size.
+                self._queued_prefill += (len(tokens) - reused) - estimate
+                estimate = len(tokens) - reused
                 pin = self._cache.pin(tokens[:reused])
                 try:
                     await trio.sleep(self.cost.prefill_ms(len(tokens), reused) / 1000)
                     self._cache.insert(tokens)
                 finally:
                     self._cache.unpin(pin)
+                self._queued_prefill -= estimate
+                estimate = 0
                 ttft = time.perf_counter() - t0
                 out: list[int] = []
                 # Echo pieces of the prompt: deterministic for greedy decoding.
