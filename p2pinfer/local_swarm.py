@@ -165,6 +165,17 @@ class LocalSwarm:
             self._wait_ready(node)
         return self
 
+    def restart(self, i: int) -> LocalNode:
+        """Start node ``i`` again after it died or was killed: same key file,
+        so the same peer id, with an empty cache; returns once it is ready."""
+        if self.nodes[i].alive():
+            raise SwarmError(f"node {i} is still running")
+        bootstrap = next((n.p2p_addr for n in self.nodes if n.index != i and n.alive()), None)
+        node = self._spawn(i, bootstrap)
+        self.nodes[i] = node
+        self._wait_ready(node)
+        return node
+
     def wait_connected(self, timeout_s: float = 60.0) -> None:
         """Until every node sees every other node as eligible (same model, digest heard)."""
         deadline = time.monotonic() + timeout_s

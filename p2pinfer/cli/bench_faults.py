@@ -212,9 +212,7 @@ def run_faults(
         if restart:
             t_restart = time.monotonic()
             # LocalSwarm keeps each node's key file: the same peer id comes back.
-            node = swarm._spawn(victim.index, swarm.nodes[0].p2p_addr)
-            swarm.nodes[victim.index] = node
-            swarm._wait_ready(node)
+            swarm.restart(victim.index)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 views = [_view_of(_status(http, n), victim_id) for n in entries]
