@@ -95,6 +95,10 @@ def simulate(
     ),
     anchor_blocks: int = typer.Option(4, min=1, help="--discovery directory: depth of the anchor block (16 tokens each)."),
     directory_replicas: int = typer.Option(1, min=1, max=8, help="--discovery directory: owners per anchor."),
+    directory_refresh: str = typer.Option(
+        "checksum", help="--discovery directory: checksum (a refresh sends count and XOR per anchor; the directory asks for "
+        "what does not match) or full (it re-sends every block)."
+    ),
     churn_interval: float = typer.Option(0.0, min=0.0, help="Mean seconds between node replacements (0: none)."),
     shared_cores: float = typer.Option(
         0.0, min=0.0, help="Every node on one machine with this many cores, shared (0: one machine per node)."),
@@ -137,6 +141,10 @@ def simulate(
         cost = cost_model_from_bench(calibration) if calibration else EngineCostModel()
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--calibration") from None
+    try:
+        directory = DirectoryConfig(anchor_blocks=anchor_blocks, replicas=directory_replicas, refresh=directory_refresh)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--directory-refresh") from None
     base = SimConfig(
         cost=cost,
         nodes=nodes,
@@ -150,7 +158,7 @@ def simulate(
         gossip=GossipConfig(delta_interval, full_interval, load_interval, peer_ttl),
         topic_size=topic_size,
         discovery=discovery,
-        directory=DirectoryConfig(anchor_blocks=anchor_blocks, replicas=directory_replicas),
+        directory=directory,
         churn_interval_s=churn_interval,
         shared_cores=shared_cores,
         warmup=warmup,

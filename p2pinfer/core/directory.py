@@ -54,6 +54,7 @@ __all__ = [
     "MAX_DIRECTORY_BYTES",
     "MAX_QUERY_BLOCKS",
     "MAX_REGISTER_HASHES",
+    "AnchorCheck",
     "AnchorTracker",
     "Answer",
     "AnswerHolder",
@@ -65,12 +66,14 @@ __all__ = [
     "Query",
     "Register",
     "Rendezvous",
+    "Resend",
     "anchor_of",
     "apply_answer",
     "decode_message",
     "make_query",
     "encode_message",
     "rendezvous_weight",
+    "xor_of",
 ]
 
 DIRECTORY_SCHEMA = 1
@@ -104,7 +107,12 @@ class DirectoryConfig:
     update_interval_s: float = 1.0
     """Holders batch their register updates and send them at most this often."""
     refresh_s: float = 30.0
-    """Each holder re-sends a full registration of every anchor this often."""
+    """Each holder refreshes its registration of every anchor this often."""
+    refresh: str = "checksum"
+    """``checksum``: a refresh sends each anchor's block count and XOR of
+    hashes, and the directory asks (in its reply) for the full set of the
+    anchors that do not match; ``full``: it re-sends every block (the
+    busiest owner's largest inbound term at 1,024 nodes, docs/results.md)."""
     entry_ttl_s: float = 75.0
     """A directory forgets a holder's record not refreshed for this long."""
     query_timeout_s: float = 0.25
@@ -127,6 +135,8 @@ class DirectoryConfig:
             raise ValueError(f"answer_holders must be in 1..{MAX_ANSWER_HOLDERS}")
         if min(self.update_interval_s, self.refresh_s, self.entry_ttl_s, self.query_timeout_s) <= 0:
             raise ValueError("intervals and timeouts must be > 0")
+        if self.refresh not in ("full", "checksum"):
+            raise ValueError("refresh must be full or checksum")
 
 
 def anchor_of(block_hashes: Sequence[int], anchor_blocks: int) -> int | None:
@@ -323,6 +333,10 @@ class AnchorTracker:
         """Count an already cached sequence (an engine that starts warm)."""
         self.on_event(TreeEvent("insert", tuple(path), 0))
 
+    def checks(self) -> list[AnchorCheck]:
+        """Count and XOR of the blocks held under each anchor (a cheap refresh)."""
+        return [AnchorCheck(a, len(hs), xor_of(hs)) for a, hs in sorted(self._held.items())]
+
     def take_updates(self) -> list[AnchorUpdate]:
         """What changed per anchor since the last call (anchors in a stable order)."""
         keys = sorted(set(self._added) | set(self._removed))
@@ -333,27 +347,57 @@ class AnchorTracker:
         self._removed.clear()
         return out
 
-    def full(self, anchors: Iterable[int] | None = None) -> list[AnchorUpdate]:
+    def full(self, anchors: Iterable[int] | None = None, *, clear_pending: bool = True) -> list[AnchorUpdate]:
         """Full updates for ``anchors`` (default: every held anchor); an anchor
-        no longer held gives an empty full update, which unregisters it."""
+        no longer held gives an empty full update, which unregisters it.
+        ``clear_pending=False`` when the full set goes to one owner only (a
+        resync): the pending changes still have to reach the others."""
         keys = sorted(self._held) if anchors is None else sorted(set(anchors))
-        for a in keys:
-            self._added.pop(a, None)
-            self._removed.pop(a, None)
+        if clear_pending:
+            for a in keys:
+                self._added.pop(a, None)
+                self._removed.pop(a, None)
         return [AnchorUpdate(a, True, frozenset(self._held.get(a, ()))) for a in keys]
 
 
 # -- messages ------------------------------------------------------------------------
 
 
+def xor_of(hashes: Iterable[int]) -> int:
+    """Order-free checksum of a set of block hashes."""
+    out = 0
+    for h in hashes:
+        out ^= h
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class AnchorCheck:
+    """A holder's claim: ``count`` blocks under ``anchor``, whose hashes XOR to ``xor``."""
+
+    anchor: int
+    count: int
+    xor: int
+
+
 @dataclass(frozen=True, slots=True)
 class Register:
-    """Holder -> directory: updates for the anchors this directory owns, plus load."""
+    """Holder -> directory: updates for the anchors this directory owns, plus
+    load; ``checks`` (applied after the updates) confirm whole anchors."""
 
     holder: str
     epoch: int
     load: Load
     updates: tuple[AnchorUpdate, ...]
+    checks: tuple[AnchorCheck, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Resend:
+    """Directory -> holder, in reply to a register: send these anchors in full
+    (their checks did not match what the directory holds)."""
+
+    anchors: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,7 +439,7 @@ class Answer:
     holders: tuple[AnswerHolder, ...]
 
 
-Message = Register | Query | Answer
+Message = Register | Query | Answer | Resend
 
 
 def _pack(hashes: Iterable[int]) -> bytes:
@@ -429,7 +473,10 @@ def encode_message(msg: Message) -> bytes:
             "e": msg.epoch,
             "l": _load_fields(msg.load),
             "u": [[u.anchor, u.full, _pack(u.added), _pack(u.removed)] for u in msg.updates],
+            "c": [[c.anchor, c.count, c.xor] for c in msg.checks],
         }
+    elif isinstance(msg, Resend):
+        doc = {"s": DIRECTORY_SCHEMA, "t": "resend", "a": _pack(msg.anchors)}
     elif isinstance(msg, Query):
         doc = {
             "s": DIRECTORY_SCHEMA,
@@ -490,7 +537,8 @@ def _load(raw: object, what: str) -> Load:
 
 
 _KEYS = {
-    "reg": {"s", "t", "n", "e", "l", "u"},
+    "reg": {"s", "t", "n", "e", "l", "u", "c"},
+    "resend": {"s", "t", "a"},
     "q": {"s", "t", "a", "d", "i", "w", "b", "h", "p", "k"},
     "ans": {"s", "t", "a", "r"},
 }
@@ -546,7 +594,20 @@ def decode_message(data: bytes) -> Message:
             if total > MAX_REGISTER_HASHES:
                 raise DirectoryError(f"more than {MAX_REGISTER_HASHES} hashes in one register message")
             updates.append(AnchorUpdate(anchor, entry[1], frozenset(added), frozenset(removed)))
-        return Register(_id(doc["n"], "holder id"), _uint(doc["e"], "epoch"), _load(doc["l"], "load"), tuple(updates))
+        checks = []
+        checked: set[int] = set()
+        for i, raw in enumerate(_list(doc["c"], "checks", MAX_REGISTER_ANCHORS)):
+            entry = _list(raw, f"check {i}", 3)
+            if len(entry) != 3:
+                raise DirectoryError(f"check {i} must be [anchor, count, xor]")
+            check = AnchorCheck(_uint(entry[0], f"check {i} anchor", 64), _uint(entry[1], f"check {i} count"), _uint(entry[2], f"check {i} xor", 64))
+            if check.anchor in checked:
+                raise DirectoryError(f"check {i} repeats anchor {check.anchor}")
+            checked.add(check.anchor)
+            checks.append(check)
+        return Register(_id(doc["n"], "holder id"), _uint(doc["e"], "epoch"), _load(doc["l"], "load"), tuple(updates), tuple(checks))
+    if kind == "resend":
+        return Resend(tuple(sorted(_unpack(doc["a"], "anchors", MAX_REGISTER_ANCHORS))))
     if kind == "q":
         anchor = _uint(doc["a"], "anchor", 64)
         hashes = _unpack(doc["h"], "query hashes", MAX_QUERY_BLOCKS, ordered=True)
@@ -628,8 +689,9 @@ class DirectoryStore:
             del self._records[anchor]
             del self._index[anchor]
 
-    def apply(self, msg: Register, now: float) -> None:
-        """Fold one register message in (a newer epoch replaces the holder's records)."""
+    def apply(self, msg: Register, now: float) -> list[int]:
+        """Fold one register message in (a newer epoch replaces the holder's
+        records); returns the checked anchors that do not match, to be resent."""
         holder = msg.holder
         known = self._holders.get(holder)
         if known is not None and known.epoch != msg.epoch:
@@ -660,6 +722,14 @@ class DirectoryStore:
             rec.hashes |= new
             if not rec.hashes:
                 self._drop(u.anchor, holder)
+        resend = []
+        for c in msg.checks:
+            rec = self._records.get(c.anchor, {}).get(holder)
+            if rec is not None and len(rec.hashes) == c.count and xor_of(rec.hashes) == c.xor:
+                rec.seen_at = now
+            else:
+                resend.append(c.anchor)
+        return resend
 
     def drop_holder(self, holder: str) -> None:
         """Forget everything ``holder`` registered (it left, or restarted)."""

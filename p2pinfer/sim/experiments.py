@@ -734,7 +734,8 @@ def scale(
     axes[1].set_ylabel("discovery bytes in per node per s")
     axes[1].set_yscale("log")
     axes[2].set_ylabel("decision time p50 (us, wall clock)")
-    for ax in axes:
+    axes[0].legend(fontsize=7, loc="lower right")
+    for ax in axes[1:]:
         ax.legend(fontsize=7)
     fig.suptitle(f"Scale: MMLU uniform, {DEFAULT_RATE_PER_NODE} req/s per node, 1 ms per hop, {per_node} requests per node (min 3000); second half measured")
     data = {

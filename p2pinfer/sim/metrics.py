@@ -178,6 +178,7 @@ def _discovery(sim: Simulator, node_seconds: float, node_rates: list[float], bus
                 "answer_holders": d.answer_holders,
                 "update_interval_s": d.update_interval_s,
                 "refresh_s": d.refresh_s,
+                "refresh": d.refresh,
                 "entry_ttl_s": d.entry_ttl_s,
                 "query_timeout_s": d.query_timeout_s,
                 "query_attempts": d.query_attempts,

@@ -45,6 +45,7 @@ from ..core.blocks import BlockHasher, ModelFingerprint
 from ..core.costmodel import EngineCostModel
 from ..core.digest import Digest, decode_digest
 from ..core.directory import (
+    AnchorCheck,
     Answer,
     AnchorTracker,
     AnchorUpdate,
@@ -54,6 +55,7 @@ from ..core.directory import (
     Query,
     Register,
     Rendezvous,
+    Resend,
     anchor_of,
     apply_answer,
     decode_message,
@@ -624,20 +626,28 @@ class Simulator:
             if held:
                 self._send_updates(n, n.anchors.full(held), "register")
 
-    def _send_updates(self, node: SimNode, updates: list[AnchorUpdate], kind: str) -> None:
-        """Batch anchor updates per owner: one Register message (stream) each."""
-        if not updates:
+    def _send_updates(
+        self, node: SimNode, updates: list[AnchorUpdate], kind: str, checks: Sequence[AnchorCheck] = (), only: str | None = None
+    ) -> None:
+        """Batch anchor updates (and checks) per owner: one Register message
+        (stream) each; ``only``: to that owner alone (a resync)."""
+        if not updates and not checks:
             return
-        batches: dict[str, list[AnchorUpdate]] = {}
+        batches: dict[str, tuple[list[AnchorUpdate], list[AnchorCheck]]] = {}
         for u in updates:
-            for owner in self.membership.owners(u.anchor):
-                batches.setdefault(owner, []).append(u)
+            for owner in [only] if only else self.membership.owners(u.anchor):
+                batches.setdefault(owner, ([], []))[0].append(u)
+        for c in checks:
+            for owner in self.membership.owners(c.anchor):
+                batches.setdefault(owner, ([], []))[1].append(c)
         load = node.load()
         epoch = node.router.tracker.epoch
-        for owner_id, batch in batches.items():
-            msg = Register(node.id, epoch, load, tuple(batch))
+        for owner_id, (ups, cks) in batches.items():
+            msg = Register(node.id, epoch, load, tuple(ups), tuple(cks))
             if owner_id == node.id:
-                node.store.apply(msg, self.now)  # type: ignore[union-attr]
+                resend = node.store.apply(msg, self.now)  # type: ignore[union-attr]
+                if resend:
+                    self._send_updates(node, node.anchors.full(resend, clear_pending=False), "resync", only=node.id)  # type: ignore[union-attr]
                 continue
             data = encode_message(msg)
             owner = self.by_id[owner_id]
@@ -649,16 +659,28 @@ class Simulator:
             self.dir_lost += 1
             return
         inbound = stream_request_bytes(len(data))
-        ack = stream_response_bytes(None)
         dst.bytes_in += inbound
         dst.bytes_by_kind[kind] += inbound
+        self.dir_bytes[kind] += inbound
+        msg = decode_message(data)
+        assert isinstance(msg, Register)
+        resend = dst.store.apply(msg, self.now)  # type: ignore[union-attr]
+        # The reply carries a Resend when some checked anchors did not match.
+        reply = encode_message(Resend(tuple(resend))) if resend else None
+        ack = stream_response_bytes(None if reply is None else len(reply))
         if src.alive:
             src.bytes_in += ack
             src.bytes_by_kind[kind] += ack
-        self.dir_bytes[kind] += inbound + ack
-        msg = decode_message(data)
-        assert isinstance(msg, Register)
-        dst.store.apply(msg, self.now)  # type: ignore[union-attr]
+            self.dir_bytes[kind] += ack
+        if reply is not None:
+            self.at(self.now + self.link_s(dst, src), self._dir_resend_arrive, src, dst, reply)
+
+    def _dir_resend_arrive(self, src: SimNode, dst: SimNode, reply: bytes) -> None:
+        if not src.alive:
+            return
+        msg = decode_message(reply)
+        assert isinstance(msg, Resend)
+        self._send_updates(src, src.anchors.full(msg.anchors, clear_pending=False), "resync", only=dst.id)  # type: ignore[union-attr]
 
     def _dir_update_tick(self, node: SimNode) -> None:
         if not node.alive:
@@ -669,7 +691,13 @@ class Simulator:
     def _dir_refresh_tick(self, node: SimNode) -> None:
         if not node.alive:
             return
-        self._send_updates(node, node.anchors.full(), "refresh")  # type: ignore[union-attr]
+        anchors = node.anchors
+        assert anchors is not None
+        if self.dir_cfg.refresh == "checksum":
+            # Pending changes go first, in the same message, so that the checks match.
+            self._send_updates(node, anchors.take_updates(), "refresh", checks=anchors.checks())
+        else:
+            self._send_updates(node, anchors.full(), "refresh")
         self.at(self.now + self.dir_cfg.refresh_s, self._dir_refresh_tick, node)
 
     def _dir_expire_tick(self, node: SimNode) -> None:

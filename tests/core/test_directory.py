@@ -13,6 +13,7 @@ from p2pinfer.core.directory import (
     MAX_ANSWER_HOLDERS,
     MAX_DIRECTORY_BYTES,
     MAX_QUERY_BLOCKS,
+    AnchorCheck,
     AnchorTracker,
     AnchorUpdate,
     Answer,
@@ -24,11 +25,13 @@ from p2pinfer.core.directory import (
     Query,
     Register,
     Rendezvous,
+    Resend,
     anchor_of,
     apply_answer,
     decode_message,
     encode_message,
     make_query,
+    xor_of,
 )
 from p2pinfer.core.policies import CostPolicy
 
@@ -253,6 +256,33 @@ def test_store_unregister_full_update_epoch_and_expiry() -> None:
     assert store.anchors() == []
 
 
+def test_checks_confirm_matching_records_and_ask_for_the_rest() -> None:
+    tree, tracker = tracked()
+    tree.insert(S1)
+    tracker.take_updates()
+    (check,) = tracker.checks()
+    assert check == AnchorCheck(ANCHOR, len(H1) - K + 1, xor_of(H1[K - 1 :]))
+    store = DirectoryStore()
+    store.apply(reg("a", H1[K - 1 :]), 0.0)
+    store.apply(reg("b", H1[K - 1 : 7]), 0.0)
+    ok = Register("a", 1, Load(), (), (check,))
+    assert store.apply(ok, 50.0) == []  # matches: refreshed without resending a block
+    assert store.apply(Register("b", 1, Load(), (), (check,)), 50.0) == [ANCHOR]  # b's record differs
+    assert store.apply(Register("c", 1, Load(), (), (check,)), 50.0) == [ANCHOR]  # nothing known of c
+    assert store.expire(60.0, ttl=30.0) == 1 and set(store.holders(ANCHOR)) == {"a"}  # b was not refreshed
+    # A check applies after the updates of the same message.
+    assert store.apply(Register("b", 1, Load(), (AnchorUpdate(ANCHOR, True, frozenset(H1[K - 1 :])),), (check,)), 61.0) == []
+
+
+def test_a_resync_full_set_keeps_pending_changes_for_the_other_owners() -> None:
+    tree, tracker = tracked()
+    tree.insert(S1)
+    (full,) = tracker.full([ANCHOR], clear_pending=False)
+    assert full.added == frozenset(H1[K - 1 :]) and tracker.pending == len(full.added)
+    tracker.full([ANCHOR])
+    assert tracker.pending == 0
+
+
 # -- the entry: the same CostPolicy over view + answer ------------------------------------
 
 
@@ -294,9 +324,18 @@ def updates(draw: st.DrawFn) -> AnchorUpdate:
     return AnchorUpdate(draw(u64), full, added, removed)
 
 
-@given(ids, st.integers(0, 2**62), loads, st.lists(updates(), max_size=5, unique_by=lambda u: u.anchor))
-def test_register_round_trip(holder: str, epoch: int, load: Load, ups: list[AnchorUpdate]) -> None:
-    msg = Register(holder, epoch, load, tuple(ups))
+checks = st.lists(st.builds(AnchorCheck, u64, st.integers(0, 2**40), u64), max_size=5, unique_by=lambda c: c.anchor)
+
+
+@given(ids, st.integers(0, 2**62), loads, st.lists(updates(), max_size=5, unique_by=lambda u: u.anchor), checks)
+def test_register_round_trip(holder: str, epoch: int, load: Load, ups: list[AnchorUpdate], cks: list[AnchorCheck]) -> None:
+    msg = Register(holder, epoch, load, tuple(ups), tuple(cks))
+    assert decode_message(encode_message(msg)) == msg
+
+
+@given(st.frozensets(u64, max_size=20))
+def test_resend_round_trip(anchors: frozenset[int]) -> None:
+    msg = Resend(tuple(sorted(anchors)))
     assert decode_message(encode_message(msg)) == msg
 
 
@@ -328,7 +367,7 @@ def test_garbage_raises_only_directory_error(data: bytes) -> None:
         pass
 
 
-REG = {"s": 1, "t": "reg", "n": "h", "e": 0, "l": [0, 4.0, 0], "u": [[5, False, b"", b""]]}
+REG = {"s": 1, "t": "reg", "n": "h", "e": 0, "l": [0, 4.0, 0], "u": [[5, False, b"", b""]], "c": [[5, 1, 7]]}
 QRY = {"s": 1, "t": "q", "a": 5, "d": 4, "i": 2, "w": 1, "b": 6, "h": (5).to_bytes(8, "little") + (6).to_bytes(8, "little"), "p": 96, "k": 8}
 ANS = {"s": 1, "t": "ans", "a": 5, "r": [["h", 4, 0, 4.0, 0, 10]]}
 
@@ -354,6 +393,11 @@ ANS = {"s": 1, "t": "ans", "a": 5, "r": [["h", 4, 0, 4.0, 0, 10]]}
         {**REG, "u": [[2**64, False, b"", b""]]},
         {**REG, "u": [[5, 1, b"", b""]]},
         {**REG, "u": [[5, False, b"1234567", b""]]},
+        {**REG, "c": [[5, 1, 7], [5, 2, 7]]},  # repeated anchor
+        {**REG, "c": [[5, 1]]},
+        {**REG, "c": [[5, 1, 2**64]]},
+        {"s": 1, "t": "resend", "a": b"\0" * 16},  # repeated anchor
+        {"s": 1, "t": "resend", "a": b"", "x": 1},
         {**QRY, "h": (6).to_bytes(8, "little") * 2},  # must start with the anchor
         {**QRY, "b": 7},  # depths 4, 6, 7: three hashes, not two
         {**QRY, "b": 2**62},
@@ -380,6 +424,7 @@ def test_valid_documents_decode() -> None:
     assert isinstance(decode_message(cbor2.dumps(REG)), Register)
     assert isinstance(decode_message(cbor2.dumps(QRY)), Query)
     assert isinstance(decode_message(cbor2.dumps(ANS)), Answer)
+    assert decode_message(cbor2.dumps({"s": 1, "t": "resend", "a": b""})) == Resend(())
 
 
 def test_oversized_messages_are_refused_before_decoding() -> None:

@@ -67,6 +67,17 @@ def test_a_timed_out_query_is_asked_again(swarm_600: Any) -> None:
     assert b["messages"]["query"] > a["messages"]["query"]
 
 
+def test_checksum_refresh_heals_lost_updates_for_fewer_bytes(swarm_600: Any) -> None:
+    lossy = replace(DIR, loss=0.1, directory=DirectoryConfig(refresh_s=5.0, refresh="full"))
+    _, full = run(lossy, swarm_600)
+    _, checked = run(replace(lossy, directory=DirectoryConfig(refresh_s=5.0, refresh="checksum")), swarm_600)
+    kinds_full = full["discovery"]["in_bytes_per_node_per_s_by_kind"]
+    kinds = checked["discovery"]["in_bytes_per_node_per_s_by_kind"]
+    assert checked["discovery"]["directory"]["messages"]["resync"] > 0  # lost updates were found and resent
+    assert kinds["directory refresh"] + kinds["directory resync"] < kinds_full["directory refresh"] / 2
+    assert checked["hit_rate"] > full["hit_rate"] - 0.02
+
+
 def test_same_seed_same_result(swarm_600: Any) -> None:
     config = replace(DIR, loss=0.1, churn_interval_s=20.0)
     a = strip_wall_clock(run(config, swarm_600)[1])
