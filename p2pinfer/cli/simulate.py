@@ -102,6 +102,8 @@ def simulate(
     churn_interval: float = typer.Option(0.0, min=0.0, help="Mean seconds between node replacements (0: none)."),
     shared_cores: float = typer.Option(
         0.0, min=0.0, help="Every node on one machine with this many cores, shared (0: one machine per node)."),
+    concurrency: int = typer.Option(
+        0, min=0, help="Closed loop: this many requests in flight, the next sent when one completes (0: open loop)."),
     trace: Optional[Path] = typer.Option(None, help="JSONL trace to replay (with --workload trace)."),
     mmlu_dir: Optional[Path] = typer.Option(None, help="MMLU folder with dev/ and test/ (default: the packaged subset)."),
     tokenizer: str = typer.Option("auto", help="auto (the model's when installed), model or approx."),
@@ -161,6 +163,7 @@ def simulate(
         directory=directory,
         churn_interval_s=churn_interval,
         shared_cores=shared_cores,
+        concurrency=concurrency,
         warmup=warmup,
         seed=seed,
     )

@@ -148,6 +148,10 @@ class SimConfig:
     reflects a join or a leave; meanwhile messages to a departed owner are lost."""
     mesh_degree: int = DEFAULT_MESH_DEGREE
     envelope_bytes: int = DEFAULT_ENVELOPE_BYTES
+    concurrency: int = 0
+    """0: requests arrive at their own times (open loop). Else a closed loop
+    like ``bench swarm``'s client: this many in flight, the next one sent
+    when one completes, in order (their times are ignored)."""
     shared_cores: float = 0.0
     """0: every node is its own machine. Else every node runs on one machine
     with this many cores, shared (processor sharing, ``sim/cpu.py``): the
@@ -184,6 +188,8 @@ class SimConfig:
             raise ValueError("cache_tokens, topic_size must be >= 0 and mesh_degree >= 1")
         if not 0 <= self.warmup < 1:
             raise ValueError("warmup must be in [0, 1)")
+        if self.concurrency < 0:
+            raise ValueError("concurrency must be >= 0 (0: open loop)")
         if self.shared_cores < 0:
             raise ValueError("shared_cores must be >= 0 (0: one machine per node)")
         if self.discovery not in DISCOVERY:
@@ -340,6 +346,8 @@ class Simulator:
         self.now = 0.0
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = 0
+        self._next_send = 0
+        """Closed loop: index of the next request to send."""
         self.cpu = SharedCpu(config.shared_cores, self.at, lambda: self.now) if config.shared_cores else None
         self.nodes: list[SimNode] = []
         self.by_id: dict[str, SimNode] = {}
@@ -814,7 +822,7 @@ class Simulator:
     # -- requests ------------------------------------------------------------
     def _arrive(self, i: int) -> None:
         tr = self.requests[i]
-        if i + 1 < len(self.requests):
+        if i + 1 < len(self.requests) and not self.config.concurrency:
             self.at(self.requests[i + 1].t, self._arrive, i + 1)
         p = tr.prompt
         req = Req(i, self.now, self.encoder.encode(p), p.label, p.output_tokens, tr.entry)
@@ -970,6 +978,11 @@ class Simulator:
                 self.timeline.append((self.now, req.label, node.idx))
             if self.progress is not None and len(self.completed) % 50 == 0:
                 self.progress(len(self.completed), len(self.requests))
+            if self.config.concurrency and self._next_send < len(self.requests):
+                # Closed loop: the client hears the end one link later and sends the next.
+                back = 0.0 if job.origin is node else self.link_s(node, job.origin)
+                self.at(self.now + back, self._arrive, self._next_send)
+                self._next_send += 1
         if node.queue:
             self._start(node)
 
@@ -1024,7 +1037,12 @@ class Simulator:
         wall0 = time.perf_counter()
         for _ in range(self.config.nodes):
             self._add_node()
-        self.at(self.requests[0].t, self._arrive, 0)
+        if self.config.concurrency:
+            self._next_send = min(self.config.concurrency, len(self.requests))
+            for i in range(self._next_send):
+                self.at(self.requests[0].t, self._arrive, i)
+        else:
+            self.at(self.requests[0].t, self._arrive, 0)
         if self.config.churn_interval_s > 0:
             self.at(self.rng_churn.expovariate(1.0 / self.config.churn_interval_s), self._churn)
         heap = self._heap

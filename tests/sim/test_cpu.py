@@ -102,3 +102,25 @@ def test_shared_cores_conserve_requests_under_churn(mmlu_300: Any, policy: str) 
     assert sorted(r.rid for r in sim.completed) == list(range(len(built[0])))
     assert not sim.pending and result["churn"]["leaves"] >= 3
     assert sim.cpu is not None and sim.cpu.running() == 0  # nothing left computing
+
+
+def test_closed_loop_keeps_the_concurrency_and_serves_everyone(mmlu_300: Any) -> None:
+    _, built = mmlu_300
+    config = SimConfig(policy="cost", seed=7, concurrency=3, shared_cores=2, churn_interval_s=30.0, rejoin_delay_s=3.0)
+    reqs, encoder, info = built
+    sim = Simulator(config, reqs, encoder, workload=info)
+    most = 0
+    real_arrive = sim._arrive
+
+    def arrive(i: int) -> None:
+        nonlocal most
+        real_arrive(i)
+        most = max(most, len(sim.pending))
+
+    sim._arrive = arrive  # type: ignore[method-assign]
+    result = sim.run()
+    assert sorted(r.rid for r in sim.completed) == list(range(len(reqs)))
+    assert most == 3  # never more in flight than the client allows
+    assert result["params"]["arrivals"] == "closed loop, 3 in flight"
+    again = _run(config, built)[1]
+    assert again["ttft_ms"] == result["ttft_ms"]  # deterministic for a seed
