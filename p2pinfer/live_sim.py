@@ -1,12 +1,12 @@
-"""The simulator's prediction for a live swarm run, on the same arrivals.
+"""The simulator's prediction for a live swarm run, on the same requests.
 
 ``p2pinfer bench swarm`` drives real nodes with a closed loop (a fixed
-number of requests in flight), so each policy sees its own arrival times.
-To compare the simulator with the live swarm setting for setting, this
-module replays exactly those arrivals (time sent, entry node, prompt text)
-through :class:`~p2pinfer.sim.simulator.Simulator` with the live run's
-node count, cache budget, measured one-way delay and the nodes' own
-prefill-speed estimates. What differs is then the model, not the workload.
+number of requests in flight). To compare the simulator with the live
+swarm setting for setting, this module replays the same requests (prompt
+text, entry node, order) through :class:`~p2pinfer.sim.simulator.Simulator`
+with the same client loop, node count, cache budget and measured delay,
+and an engine model fitted to the live engines' own timings. What differs
+is then the model, not the workload.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from .core.costmodel import EngineCostModel
 from .live_bench import LiveRequest
 
-__all__ = ["fit_engine_timing", "full_speed_work", "live_cost_model", "simulate_live_run"]
+__all__ = ["fit_engine_timing", "full_speed_work", "live_cost_model", "predict_live_run", "simulate_live_run"]
 
 MIN_FIT_SAMPLES = 8
 
@@ -32,30 +32,36 @@ def fit_engine_timing(
 
     That is the simulator's engine model, fitted on the live run itself, so
     it carries the run's real CPU contention (nodes sharing cores) on
-    average. ``None`` when there are too few samples or the fit is not
-    physical (a negative slope).
+    average. ``None`` when there are too few samples or no fit has every
+    term non-negative.
     """
     import numpy as np
 
     rows = [(1.0, 1.0 if reused else 0.0, float(max(1, prompt - reused)), ms) for prompt, reused, ms in samples if ms > 0]
     if len(rows) < MIN_FIT_SAMPLES:
         return None
-    a = np.array([r[:3] for r in rows])
+    full = np.array([r[:3] for r in rows])
     y = np.array([r[3] for r in rows])
-    if len({r[1] for r in rows}) == 1:  # all hits or all misses: restore cannot be told apart
-        a = a[:, [0, 2]]
-    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-    overhead = float(coef[0])
-    per_token = float(coef[-1])
-    restore = float(coef[1]) if a.shape[1] == 3 else 0.0
+    # Least squares with every term non-negative: drop a term that comes out
+    # negative and fit again (clamping it instead would shift every prediction).
+    for cols in ([0, 1, 2], [0, 2]):
+        if 1 in cols and len(set(full[:, 1])) == 1:
+            continue  # all hits or all misses: restore cannot be told apart from the overhead
+        coef, *_ = np.linalg.lstsq(full[:, cols], y, rcond=None)
+        terms = dict(zip(cols, (float(c) for c in coef)))
+        if all(v >= 0 for v in terms.values()):
+            break
+    else:
+        return None
+    overhead, restore, per_token = terms.get(0, 0.0), terms.get(1, 0.0), terms.get(2, 0.0)
     if per_token <= 0:
         return None
     base = base or EngineCostModel()
     return EngineCostModel(
         prefill_ms_per_token=round(per_token, 4),
         decode_ms_per_token=round(base.decode_ms_per_token * per_token / base.prefill_ms_per_token, 4),
-        cache_hit_overhead_ms=round(max(0.0, restore), 3),
-        request_overhead_ms=round(max(0.0, overhead), 3),
+        cache_hit_overhead_ms=round(restore, 3),
+        request_overhead_ms=round(overhead, 3),
         source=f"least-squares fit of {len(rows)} {what} of the live run "
         f"(overhead {overhead:.1f} ms, restore {restore:.1f} ms, {per_token:.2f} ms/token); decode scaled alike",
     )
@@ -111,30 +117,33 @@ def live_cost_model(prefill_ms_per_token: Sequence[float], base: EngineCostModel
 
 def simulate_live_run(
     requests: Sequence[LiveRequest],
-    sent_s: Sequence[float],
     *,
     policy: str,
     nodes: int,
     cache_tokens: int,
     one_way_ms: float,
     cost: EngineCostModel,
+    concurrency: int,
     seed: int = 1,
     shared_cores: float = 0.0,
 ) -> dict[str, Any]:
-    """Simulate ``requests`` arriving at ``sent_s`` at their entry nodes."""
+    """Simulate ``requests`` sent in order to their entry nodes by a client
+    that keeps ``concurrency`` in flight, as ``bench swarm``'s does.
+
+    A closed loop, not the live send times: replaying those open-loop would
+    feed a slightly slower model more work than it can serve, and its
+    queues would grow without bound.
+    """
     from .sim.runner import _encoder
     from .sim.simulator import SimConfig, Simulator
     from .workloads.base import Prompt, TimedRequest
 
-    if len(requests) != len(sent_s):
-        raise ValueError("one send time per request")
-    timed = [
-        TimedRequest(t, Prompt(r.label, (r.prompt,), output_tokens=r.max_tokens), entry=r.entry)
-        for r, t in sorted(zip(requests, sent_s), key=lambda p: p[1])
-    ]
+    if not requests:
+        raise ValueError("no requests to replay")
+    timed = [TimedRequest(0.0, Prompt(r.label, (r.prompt,), output_tokens=r.max_tokens), entry=r.entry) for r in requests]
     config = SimConfig(
         nodes=nodes, policy=policy, latency=f"{one_way_ms:g}", cache_tokens=cache_tokens, cost=cost,
-        warmup=0.0, seed=seed, shared_cores=shared_cores,
+        warmup=0.0, seed=seed, shared_cores=shared_cores, concurrency=concurrency,
     )
     info = {"kind": "replay of a live bench swarm run", "requests": len(timed)}
     result = Simulator(config, timed, _encoder("auto"), workload=info).run()
@@ -144,6 +153,54 @@ def simulate_live_run(
         "forwarded_share": result["forwarded_share"],
         "one_way_ms": one_way_ms,
         "shared_cores": shared_cores or None,
+        "concurrency": concurrency,
         "cost_model": cost.as_dict(),
-        "tokenizer": result.get("tokenizer"),
     }
+
+
+def predict_live_run(
+    requests: Sequence[LiveRequest],
+    outcomes: Sequence[dict[str, Any]],
+    *,
+    policy: str,
+    nodes: int,
+    cache_tokens: int,
+    concurrency: int,
+    rtt_ms: float | None,
+    prefill_estimates: Sequence[float] = (),
+    cores: float | None = None,
+    seed: int = 1,
+) -> dict[str, Any]:
+    """The simulator's prediction for one live policy run, from its outcomes
+    (``bench swarm``'s per-request records, live or read back from its JSON).
+
+    Two models: every node on ``cores`` shared cores (what a local swarm
+    is), the engine fitted as full-speed work; and, for contrast, one
+    machine per node, the engine fitted on the raw timings (which carry the
+    run's average contention). One-way delay: half the median ping RTT.
+    """
+    import os
+
+    cores = float(cores or os.cpu_count() or 1)
+    one_way = rtt_ms / 2 if rtt_ms else 0.0
+    done = [o for o in outcomes if o.get("ok") and o.get("engine_prefill_ms") is not None and o.get("ttft_ms") is not None]
+    fallback = live_cost_model(prefill_estimates)
+    # Engine intervals on the client's clock: the first token left the engine just before the client got it.
+    ends = [o["sent_s"] + o["ttft_ms"] / 1000 for o in done]
+    intervals = [(e - o["engine_prefill_ms"] / 1000, e) for e, o in zip(ends, done)]
+    work = full_speed_work(intervals, cores)
+    shared_cost = fit_engine_timing(
+        [(o["prompt_tokens"], o["reused"], w * 1000) for o, w in zip(done, work)],
+        what=f"engine timings, as full-speed work on {cores:g} shared cores,",
+    ) or fallback
+    apart_cost = fit_engine_timing([(o["prompt_tokens"], o["reused"], o["engine_prefill_ms"]) for o in done]) or fallback
+    common = dict(policy=policy, nodes=nodes, cache_tokens=cache_tokens, one_way_ms=one_way, concurrency=concurrency, seed=seed)
+    shared = simulate_live_run(requests, cost=shared_cost, shared_cores=cores, **common)  # type: ignore[arg-type]
+    apart = simulate_live_run(requests, cost=apart_cost, **common)  # type: ignore[arg-type]
+    ttft = [o["ttft_ms"] for o in outcomes if o.get("ok") and o.get("ttft_ms") is not None]
+    live_mean = sum(ttft) / len(ttft) if ttft else None
+    for sim in (shared, apart):
+        mean = sim["ttft_ms"]["mean"]
+        sim["live_over_simulated_mean_ttft"] = round(live_mean / mean, 3) if live_mean and mean else None
+    shared["one_machine_per_node"] = apart
+    return shared

@@ -52,7 +52,7 @@ def _table(summaries: list[dict[str, Any]], title: str) -> Any:
     simulated = any("simulator" in s for s in summaries)
     cols = ["policy", "mean TTFT ms", "p50 ms", "p99 ms", "cache hit rate", "forwarded", "pred. accuracy", "failed"]
     if simulated:
-        cols += ["simulated mean ms", "simulated hit rate"]
+        cols += ["simulated mean ms (shared cores)", "simulated hit rate", "simulated mean ms (a machine per node)"]
     for col in cols:
         table.add_column(col, justify="left" if col == "policy" else "right")
     for s in summaries:
@@ -64,7 +64,9 @@ def _table(summaries: list[dict[str, Any]], title: str) -> Any:
         ]
         if simulated:
             sim = s.get("simulator") or {}
-            row += [f"{sim['ttft_ms']['mean']}" if sim else "-", f"{100 * sim['hit_rate']:.1f} %" if sim else "-"]
+            apart = sim.get("one_machine_per_node") or {}
+            row += [f"{sim['ttft_ms']['mean']}" if sim else "-", f"{100 * sim['hit_rate']:.1f} %" if sim else "-",
+                    f"{apart['ttft_ms']['mean']}" if apart else "-"]
         table.add_row(*row)
     return table
 
@@ -122,7 +124,7 @@ def run_live_experiment(
             summary["prefill_ms_per_token_nodes"] = run.prefill_ms_per_token
             if simulate and cache_tokens is not None:
                 progress.update(task, description=f"{policy:>13}: simulating the same arrivals")
-                summary["simulator"] = _simulate_same_arrivals(run, reqs, summary, nodes, cache_tokens, seed)
+                summary["simulator"] = _simulate_same_requests(run, reqs, summary, nodes, cache_tokens, concurrency, seed)
             summaries.append(summary)
     return {
         "benchmark": "swarm",
@@ -141,50 +143,43 @@ def run_live_experiment(
     }
 
 
-def _simulate_same_arrivals(
-    run: Any, reqs: list[Any], summary: dict[str, Any], nodes: int, cache_tokens: int, seed: int
+def _simulate_same_requests(
+    run: Any, reqs: list[Any], summary: dict[str, Any], nodes: int, cache_tokens: int, concurrency: int, seed: int
 ) -> dict[str, Any]:
-    """The simulator's prediction for this very run (see p2pinfer/live_sim.py).
+    """The simulator's prediction for this very run (see p2pinfer/live_sim.py)."""
+    from ..live_sim import predict_live_run
 
-    Two models: every node on this machine's cores, shared (what the run
-    really was), and, for contrast, one machine per node.
-    """
-    import os
-
-    from ..live_sim import fit_engine_timing, full_speed_work, live_cost_model, simulate_live_run
-
-    rtt = summary.get("peer_rtt_ms_median")
-    one_way = rtt / 2 if rtt else 0.0
-    done = [o for o in run.outcomes if o.ok and o.engine_prefill_ms is not None and o.ttft_ms is not None]
-    fallback = live_cost_model(run.prefill_ms_per_token)
-    sent = [o.sent_s for o in run.outcomes]
-    cores = float(os.cpu_count() or 1)
-    # Engine intervals on the client's clock: the first token left the engine just before the client got it.
-    ends = [o.sent_s + o.ttft_ms / 1000 for o in done]
-    intervals = [(e - o.engine_prefill_ms / 1000, e) for e, o in zip(ends, done)]
-    work = full_speed_work(intervals, cores)
-    shared_cost = fit_engine_timing(
-        [(o.prompt_tokens, o.reused, w * 1000) for o, w in zip(done, work)],
-        what=f"engine timings, as full-speed work on {cores:g} shared cores,",
-    ) or fallback
-    sim = simulate_live_run(reqs, sent, policy=run.policy, nodes=nodes, cache_tokens=cache_tokens,
-                            one_way_ms=one_way, cost=shared_cost, seed=seed, shared_cores=cores)
-    apart_cost = fit_engine_timing([(o.prompt_tokens, o.reused, o.engine_prefill_ms) for o in done]) or fallback
-    apart = simulate_live_run(reqs, sent, policy=run.policy, nodes=nodes, cache_tokens=cache_tokens,
-                              one_way_ms=one_way, cost=apart_cost, seed=seed)
-    live_mean = summary["ttft_ms"]["mean"]
-    for s in (sim, apart):
-        mean = s["ttft_ms"]["mean"]
-        s["live_over_simulated_mean_ttft"] = round(live_mean / mean, 3) if live_mean and mean else None
-    sim["one_machine_per_node"] = apart
+    done = [o for o in summary["outcomes"] if o["ok"] and o["engine_prefill_ms"] is not None]
     if done:
         # Where the live time went, to set against the simulator's.
-        summary["engine_queue_ms_mean"] = round(sum(o.engine_queue_ms or 0.0 for o in done) / len(done), 1)
-        summary["engine_prefill_ms_mean"] = round(sum(o.engine_prefill_ms for o in done) / len(done), 1)
-    return sim
+        summary["engine_queue_ms_mean"] = round(sum(o["engine_queue_ms"] or 0.0 for o in done) / len(done), 1)
+        summary["engine_prefill_ms_mean"] = round(sum(o["engine_prefill_ms"] for o in done) / len(done), 1)
+    return predict_live_run(
+        reqs, summary["outcomes"], policy=run.policy, nodes=nodes, cache_tokens=cache_tokens, concurrency=concurrency,
+        rtt_ms=summary.get("peer_rtt_ms_median"), prefill_estimates=run.prefill_ms_per_token, seed=seed,
+    )
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
+    @bench.command("swarm-replay")
+    def bench_swarm_replay(
+        result: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSON written by 'bench swarm --out'."),
+        cores: Optional[float] = typer.Option(None, min=0.1, help="Cores the live nodes shared (default: this machine's)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """The simulator's prediction for a saved live run, policy by policy, next to what was measured."""
+        from rich.console import Console
+
+        try:
+            replayed = replay_result(result, cores)
+        except ValueError as exc:
+            typer.secho(f"error: {exc}", err=True, fg="red")
+            raise typer.Exit(1) from None
+        if as_json:
+            typer.echo(json.dumps(replayed))
+        else:
+            Console().print(_table(replayed["policies"], f"{result.name}: live and simulated"))
+
     @app.command("demo")
     def demo(
         nodes: int = typer.Option(4, min=2, max=8, help="Node processes."),
@@ -291,6 +286,36 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             typer.echo(json.dumps(result))
         else:
             Console().print(_table(result["policies"], f"{nodes} nodes, {requests} requests, {concurrency} in flight"))
+
+
+def replay_result(path: Path, cores: float | None = None) -> dict[str, Any]:
+    """Every policy of a saved ``bench swarm --out`` JSON through the simulator again."""
+    from ..live_bench import mmlu_live_requests
+
+    data = json.loads(path.read_text())
+    try:
+        names = data["workload"]["subjects"]
+        reqs, meta = mmlu_live_requests(data["requests"], data["nodes"], max_subjects=len(names), seed=data["seed"],
+                                        max_tokens=data["max_tokens"])
+        policies = data["policies"]
+        cache_tokens = data["cache_tokens_per_node"]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not the JSON that 'bench swarm --out' writes ({exc})") from None
+    if meta["subjects"] != names:
+        raise ValueError(f"{path}: its subjects {names} are not what this version chooses ({meta['subjects']})")
+    from ..live_sim import predict_live_run
+
+    out = []
+    for p in policies:
+        if "outcomes" not in p:
+            raise ValueError(f"{path}: policy {p.get('policy')} has no per-request outcomes (an older run)")
+        sim = predict_live_run(
+            reqs, p["outcomes"], policy=p["policy"], nodes=data["nodes"], cache_tokens=cache_tokens,
+            concurrency=data["concurrency"], rtt_ms=p.get("peer_rtt_ms_median"),
+            prefill_estimates=p.get("prefill_ms_per_token_nodes") or (), cores=cores, seed=data["seed"],
+        )
+        out.append({**{k: v for k, v in p.items() if k not in ("outcomes", "simulator")}, "simulator": sim})
+    return {**{k: v for k, v in data.items() if k != "policies"}, "policies": out, "replayed_from": str(path)}
 
 
 def _parse_policies(text: str) -> tuple[str, ...]:

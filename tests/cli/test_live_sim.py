@@ -6,7 +6,7 @@ import pytest
 
 from p2pinfer.core.costmodel import EngineCostModel
 from p2pinfer.live_bench import LiveRequest
-from p2pinfer.live_sim import fit_engine_timing, live_cost_model, simulate_live_run
+from p2pinfer.live_sim import fit_engine_timing, full_speed_work, live_cost_model, predict_live_run, simulate_live_run
 
 HEADER = "The following are multiple choice questions (with answers) about anatomy. " * 20
 
@@ -24,30 +24,54 @@ def test_cost_model_takes_the_nodes_median_speed() -> None:
     assert live_cost_model([]) == base  # no estimate: the calibrated default
 
 
-def test_replay_serves_every_arrival_and_reuses_the_shared_header() -> None:
+def test_replay_serves_every_request_and_reuses_the_shared_header() -> None:
     reqs = _requests(12)
-    sent = [2.0 * i for i in range(12)]  # one at a time: no queueing
-    local = simulate_live_run(reqs, sent, policy="local", nodes=2, cache_tokens=4000, one_way_ms=1.0,
-                              cost=EngineCostModel())
+    common = dict(nodes=2, cache_tokens=4000, one_way_ms=1.0, cost=EngineCostModel(), concurrency=1)
+    local = simulate_live_run(reqs, policy="local", **common)
     assert local["forwarded_share"] == 0.0
     assert local["hit_rate"] > 0.5  # each node recomputes the header once, then reuses it
-    cost = simulate_live_run(reqs, sent, policy="cost", nodes=2, cache_tokens=4000, one_way_ms=1.0,
-                             cost=EngineCostModel())
+    cost = simulate_live_run(reqs, policy="cost", **common)
     assert cost["hit_rate"] >= local["hit_rate"]  # the second node forwards to the first holder
     assert cost["ttft_ms"]["mean"] <= local["ttft_ms"]["mean"]
 
 
-def test_replay_uses_the_measured_delay() -> None:
-    reqs, sent = _requests(6), [3.0 * i for i in range(6)]
-    near = simulate_live_run(reqs, sent, policy="round-robin", nodes=2, cache_tokens=4000, one_way_ms=1.0, cost=EngineCostModel())
-    far = simulate_live_run(reqs, sent, policy="round-robin", nodes=2, cache_tokens=4000, one_way_ms=400.0, cost=EngineCostModel())
-    # round-robin forwards half the requests whatever the delay; each forward pays two one-way hops.
-    assert far["ttft_ms"]["mean"] > near["ttft_ms"]["mean"] + 300
+def test_replay_uses_the_measured_delay_and_the_client_loop() -> None:
+    reqs = _requests(6)
+    common = dict(nodes=2, cache_tokens=4000, cost=EngineCostModel())
+    near = simulate_live_run(reqs, policy="round-robin", one_way_ms=1.0, concurrency=1, **common)
+    far = simulate_live_run(reqs, policy="round-robin", one_way_ms=400.0, concurrency=1, **common)
+    # Each forward pays two one-way hops (800 ms more here).
+    assert far["forwarded_share"] > 0
+    assert far["ttft_ms"]["mean"] - near["ttft_ms"]["mean"] > 0.5 * 800 * far["forwarded_share"]
+    crowded = simulate_live_run(reqs, policy="local", one_way_ms=1.0, concurrency=6, **common)
+    alone = simulate_live_run(reqs, policy="local", one_way_ms=1.0, concurrency=1, **common)
+    assert crowded["ttft_ms"]["mean"] > alone["ttft_ms"]["mean"]  # all at once: they queue
 
 
-def test_replay_needs_one_send_time_per_request() -> None:
-    with pytest.raises(ValueError, match="one send time per request"):
-        simulate_live_run(_requests(3), [0.0], policy="cost", nodes=2, cache_tokens=4000, one_way_ms=1.0, cost=EngineCostModel())
+def test_replay_needs_requests() -> None:
+    with pytest.raises(ValueError, match="no requests"):
+        simulate_live_run([], policy="cost", nodes=2, cache_tokens=4000, one_way_ms=1.0, cost=EngineCostModel(), concurrency=1)
+
+
+def test_full_speed_work_under_processor_sharing() -> None:
+    assert full_speed_work([(0, 2)] * 4, 2) == [1.0] * 4  # four on two cores: half speed
+    assert full_speed_work([(0, 1), (0.5, 1.5)], 1) == [0.75, 0.75]
+    assert full_speed_work([(0, 1), (2, 3)], 1) == [1.0, 1.0]  # never overlapping: full speed
+
+
+def test_prediction_from_outcomes_fits_the_engine_and_runs_both_models() -> None:
+    reqs = _requests(12)
+    outcomes = [
+        {"ok": True, "sent_s": 2.0 * i, "ttft_ms": 900.0, "engine_prefill_ms": 30 + 4.0 * (200 + 10 * i - 160 * (i % 2)),
+         "prompt_tokens": 200 + 10 * i, "reused": 160 * (i % 2)}
+        for i in range(12)
+    ]
+    pred = predict_live_run(reqs, outcomes, policy="local", nodes=2, cache_tokens=4000, concurrency=1, rtt_ms=2.0,
+                            cores=2)
+    assert pred["one_way_ms"] == 1.0 and pred["shared_cores"] == 2.0 and pred["concurrency"] == 1
+    assert pred["cost_model"]["prefill_ms_per_token"] == pytest.approx(4.0, rel=1e-3)  # never overlapping: as measured
+    assert pred["live_over_simulated_mean_ttft"] == pytest.approx(900.0 / pred["ttft_ms"]["mean"], rel=1e-3)
+    assert pred["one_machine_per_node"]["ttft_ms"]["mean"] > 0
 
 
 def test_engine_timing_fit_recovers_overhead_restore_and_speed() -> None:
