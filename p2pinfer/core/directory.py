@@ -1,7 +1,7 @@
 """A content-sharded prefix directory: who caches what, without telling everyone.
 
 Gossiping every cache change to every node costs each node O(swarm size)
-bytes (docs/results.md, issue 6: 969 KB/s per node at 256 nodes). The
+bytes (docs/results.md, issue 6: 960 KB/s per node at 256 nodes). The
 directory instead shards the knowledge by content:
 
 * the **anchor** of a token sequence is the chained hash of its block at
@@ -14,18 +14,19 @@ directory instead shards the knowledge by content:
   anchors it wins or held (:class:`Rendezvous`);
 * **holders** send the owner of each anchor they hold small register
   updates (blocks added and removed under that anchor, batched) with their
-  load piggybacked, and a full refresh now and then, so that a lost update,
-  a dead directory or a new owner heals (:class:`AnchorTracker`);
+  load piggybacked, and a refresh now and then (a checksum per anchor; the
+  owner asks back for the anchors that do not match), so that a lost
+  update, an expired record or a new owner heals (:class:`AnchorTracker`);
 * an **entry node** asks the owner of the request's anchor (one round trip)
   and gets back the best few holders with their match length and last load
   (:class:`DirectoryStore`); it then runs the *same* ``CostPolicy`` over them
   plus the peers it already knows (:class:`DirectoryView`, :func:`apply_answer`).
 
 Per node, bytes grow with the node's own cache changes and requests, not
-with the swarm size. Sequences shorter than the anchor depth are not in the
-directory (their matches are at most ``anchor_blocks - 1`` blocks); a
-shared system prompt longer than the anchor depth sends every request to
-one directory (a deeper anchor or replicas fix it).
+with the swarm size; an owner's grow with its anchors' popularity. Prefix
+matches shorter than the anchor depth are not found through the directory,
+and a shared system prompt longer than the anchor depth sends every request
+to one owner (a deeper anchor or replicas fix it).
 
 Pure and sans-I/O: messages are CBOR bytes in and out, time is passed in.
 The wire format is versioned, size-limited and strictly decoded
