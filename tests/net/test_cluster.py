@@ -93,6 +93,9 @@ def test_busy_node_is_avoided_and_busy_refusal_falls_back(cluster):
     c.call("generate", tokens=later, max_tokens=1, prefer="local")
     truth = c.call("cache_hashes")
     wait_until(lambda: a.call("view_hashes", peer=c.peer_id) == truth, 5, what="A learns C's cache")
+    # Each warm-up prefill (160 tokens, 0.7 s) is over C's 100 ms threshold while it runs, so C said
+    # it was busy; wait until A has heard that it is not any more and its back-off is over.
+    wait_until(lambda: (v := a.call("view")[c.peer_id])["eligible"] and not v["busy"], 10, what="A sees C idle")
     before = a.call("generate", tokens=shared + [300, 301], max_tokens=2)
     assert before["served_by"] == c.peer_id, before["reason"]
 
