@@ -19,6 +19,7 @@ import cbor2
 
 from .blocks import BlockHasher
 from .radix import TreeEvent
+from .strict_cbor import loads_strict
 
 __all__ = [
     "DIGEST_SCHEMA",
@@ -108,22 +109,6 @@ def encode_digest(digest: Digest) -> bytes:
     return cbor2.dumps(doc)
 
 
-def _reject_tag(*_: Any) -> Any:
-    raise DigestError("CBOR tags are not allowed in a digest")
-
-
-_NO_SEMANTIC_TAGS: dict[int, Any] | None = None
-
-
-def _no_semantic_tags() -> dict[int, Any]:
-    # cbor2 decodes well-known tags (dates, regexes, sets...) before tag_hook
-    # sees them; mapping every 16-bit tag to a rejecting decoder turns them off.
-    global _NO_SEMANTIC_TAGS
-    if _NO_SEMANTIC_TAGS is None:
-        _NO_SEMANTIC_TAGS = dict.fromkeys(range(1 << 16), _reject_tag)
-    return _NO_SEMANTIC_TAGS
-
-
 def _int_field(doc: dict[str, Any], key: str, what: str) -> int:
     value = doc.get(key)
     if type(value) is not int or not 0 <= value < 1 << 63:
@@ -140,23 +125,7 @@ def _str_field(doc: dict[str, Any], key: str, what: str) -> str:
 
 def decode_digest(data: bytes) -> Digest:
     """Parse and validate one encoded digest; raises :class:`DigestError` only."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise DigestError("a digest must be bytes")
-    if len(data) > MAX_DIGEST_BYTES:
-        raise DigestError(f"digest of {len(data)} bytes exceeds {MAX_DIGEST_BYTES}")
-    try:
-        doc = cbor2.loads(
-            bytes(data),
-            tag_hook=_reject_tag,
-            semantic_decoders=_no_semantic_tags(),
-            max_depth=4,
-            allow_indefinite=False,
-            allow_duplicate_keys=False,
-        )
-    except DigestError:
-        raise
-    except Exception as exc:  # cbor2 raises many types on garbage
-        raise DigestError(f"not valid CBOR: {exc}") from None
+    doc = loads_strict(data, what="digest", max_bytes=MAX_DIGEST_BYTES, max_depth=4, error=DigestError)
     if not isinstance(doc, dict):
         raise DigestError("a digest must be a CBOR map")
     expected = {"s", "k", "n", "f", "v", "b", "a", "r", "e"}

@@ -45,9 +45,9 @@ import cbor2
 import xxhash
 
 from .blocks import BlockHasher
-from .digest import _no_semantic_tags  # the same strict CBOR setting as digests
 from .peers import Load, PeerState, PeerView
 from .radix import TreeEvent
+from .strict_cbor import loads_strict
 
 __all__ = [
     "DIRECTORY_SCHEMA",
@@ -503,10 +503,6 @@ def encode_message(msg: Message) -> bytes:
     return cbor2.dumps(doc)
 
 
-def _reject_tag(*_: Any) -> Any:
-    raise DirectoryError("CBOR tags are not allowed in a directory message")
-
-
 def _uint(value: object, what: str, bits: int = 63) -> int:
     if type(value) is not int or not 0 <= value < 1 << bits:
         raise DirectoryError(f"{what} must be an integer in 0..2**{bits}-1")
@@ -547,23 +543,7 @@ _KEYS = {
 
 def decode_message(data: bytes) -> Message:
     """Parse and validate one directory message; raises :class:`DirectoryError` only."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise DirectoryError("a directory message must be bytes")
-    if len(data) > MAX_DIRECTORY_BYTES:
-        raise DirectoryError(f"directory message of {len(data)} bytes exceeds {MAX_DIRECTORY_BYTES}")
-    try:
-        doc = cbor2.loads(
-            bytes(data),
-            tag_hook=_reject_tag,
-            semantic_decoders=_no_semantic_tags(),
-            max_depth=5,
-            allow_indefinite=False,
-            allow_duplicate_keys=False,
-        )
-    except DirectoryError:
-        raise
-    except Exception as exc:  # cbor2 raises many types on garbage
-        raise DirectoryError(f"not valid CBOR: {exc}") from None
+    doc = loads_strict(data, what="directory message", max_bytes=MAX_DIRECTORY_BYTES, max_depth=5, error=DirectoryError)
     if not isinstance(doc, dict):
         raise DirectoryError("a directory message must be a CBOR map")
     if doc.get("s") != DIRECTORY_SCHEMA or type(doc.get("s")) is not int:
