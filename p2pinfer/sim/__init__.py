@@ -1,6 +1,6 @@
 """The discrete-event simulator: the real routing core on a virtual clock."""
 
-from .metrics import WALL_CLOCK_KEYS, percentile
+from .metrics import WALL_CLOCK_KEYS, percentile, without_wall_clock
 from .network import LatencyModel, parse_latency
 from .oracle import OracleIndex, OraclePolicy, OracleView
 from .simulator import SIM_POLICIES, SimConfig, Simulator
@@ -16,4 +16,5 @@ __all__ = [
     "Simulator",
     "parse_latency",
     "percentile",
+    "without_wall_clock",
 ]

@@ -7,6 +7,7 @@ function of the seed and the configuration.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from typing import TYPE_CHECKING, Any
@@ -16,9 +17,19 @@ from .network import gossip_copies, mesh_hops
 if TYPE_CHECKING:
     from .simulator import Simulator
 
-__all__ = ["WALL_CLOCK_KEYS", "percentile", "summarise"]
+__all__ = ["WALL_CLOCK_KEYS", "percentile", "summarise", "without_wall_clock"]
 
 WALL_CLOCK_KEYS = ("decision_us_p50", "decision_us_p99", "directory_query_us_p50", "wall_s")
+
+
+def without_wall_clock(result: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a run's result without its wall-clock figures: what two runs
+    with the same seed must agree on exactly."""
+    out: dict[str, Any] = json.loads(json.dumps(result))
+    for key in WALL_CLOCK_KEYS:
+        out.pop(key, None)
+        out["sim"].pop(key, None)
+    return out
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

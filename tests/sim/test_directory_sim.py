@@ -13,16 +13,8 @@ import pytest
 
 from p2pinfer.core.directory import DirectoryConfig
 from p2pinfer.core.router import GossipConfig
-from p2pinfer.sim import WALL_CLOCK_KEYS, SimConfig, Simulator
+from p2pinfer.sim import SimConfig, Simulator, without_wall_clock
 from p2pinfer.sim.runner import WorkloadSpec, build_requests
-
-
-def strip_wall_clock(result: dict[str, Any]) -> dict[str, Any]:
-    out = json.loads(json.dumps(result))
-    for key in WALL_CLOCK_KEYS:
-        out.pop(key, None)
-        out["sim"].pop(key, None)
-    return out
 
 
 def run(config: SimConfig, built: Any) -> tuple[Simulator, dict[str, Any]]:
@@ -80,10 +72,10 @@ def test_checksum_refresh_heals_lost_updates_for_fewer_bytes(swarm_600: Any) -> 
 
 def test_same_seed_same_result(swarm_600: Any) -> None:
     config = replace(DIR, loss=0.1, churn_interval_s=20.0)
-    a = strip_wall_clock(run(config, swarm_600)[1])
-    b = strip_wall_clock(run(config, build_requests(WorkloadSpec(requests=600), 16, 3))[1])
+    a = without_wall_clock(run(config, swarm_600)[1])
+    b = without_wall_clock(run(config, build_requests(WorkloadSpec(requests=600), 16, 3))[1])
     assert a == b
-    c = strip_wall_clock(run(replace(config, seed=4), build_requests(WorkloadSpec(requests=600), 16, 4))[1])
+    c = without_wall_clock(run(replace(config, seed=4), build_requests(WorkloadSpec(requests=600), 16, 4))[1])
     assert c != a
 
 
@@ -100,7 +92,7 @@ def _cli_json(hash_seed: str) -> dict[str, Any]:
 def test_same_seed_same_json_across_processes() -> None:
     a, b = _cli_json("1"), _cli_json("2")
     assert a["params"]["gossip"]["discovery"] == "directory"
-    assert strip_wall_clock(a) == strip_wall_clock(b)
+    assert without_wall_clock(a) == without_wall_clock(b)
 
 
 def test_the_directory_finds_holders_no_neighbour_knows(swarm_600: Any) -> None:

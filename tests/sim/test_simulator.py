@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from p2pinfer.core.router import GossipConfig
-from p2pinfer.sim import WALL_CLOCK_KEYS, SimConfig, Simulator
+from p2pinfer.sim import SimConfig, Simulator, without_wall_clock
 from p2pinfer.sim.runner import WorkloadSpec, build_requests
 
 
@@ -21,14 +21,6 @@ def run(config: SimConfig, built: Any) -> tuple[Simulator, dict[str, Any]]:
     reqs, encoder, info = built
     sim = Simulator(config, reqs, encoder, workload=info)
     return sim, sim.run()
-
-
-def strip_wall_clock(result: dict[str, Any]) -> dict[str, Any]:
-    out = json.loads(json.dumps(result))
-    for key in WALL_CLOCK_KEYS:
-        out.pop(key, None)
-        out["sim"].pop(key, None)
-    return out
 
 
 @pytest.mark.parametrize("policy", ["cost", "paper", "random", "oracle"])
@@ -62,10 +54,10 @@ def test_served_counts_add_up(mmlu_300: Any) -> None:
 def test_same_seed_same_result(mmlu_300: Any) -> None:
     spec, built = mmlu_300
     config = SimConfig(policy="cost", seed=7, loss=0.1, churn_interval_s=30.0)
-    a = strip_wall_clock(run(config, built)[1])
-    b = strip_wall_clock(run(config, build_requests(spec, 4, 7))[1])
+    a = without_wall_clock(run(config, built)[1])
+    b = without_wall_clock(run(config, build_requests(spec, 4, 7))[1])
     assert a == b
-    c = strip_wall_clock(run(replace(config, seed=8), build_requests(spec, 4, 8))[1])
+    c = without_wall_clock(run(replace(config, seed=8), build_requests(spec, 4, 8))[1])
     assert c != a  # the seed matters
 
 
@@ -83,7 +75,7 @@ def _cli_json(hash_seed: str, policy: str) -> dict[str, Any]:
 def test_same_seed_same_json_across_processes(policy: str) -> None:
     """String hashing is randomised per process: results must not depend on it."""
     a, b = _cli_json("1", policy), _cli_json("2", policy)
-    assert strip_wall_clock(a) == strip_wall_clock(b)
+    assert without_wall_clock(a) == without_wall_clock(b)
 
 
 def test_cost_equals_oracle_with_zero_latency_and_instant_gossip() -> None:
@@ -101,7 +93,7 @@ def test_cost_equals_oracle_with_zero_latency_and_instant_gossip() -> None:
     assert cost_sim.decisions == oracle_sim.decisions  # decision for decision
     assert cost["oracle_agreement"] == 1.0
     assert cost["forwarded_share"] > 0.2  # the decisions were not all trivial
-    assert strip_wall_clock(cost)["ttft_ms"] == strip_wall_clock(oracle)["ttft_ms"]
+    assert without_wall_clock(cost)["ttft_ms"] == without_wall_clock(oracle)["ttft_ms"]
 
 
 def test_cost_and_oracle_differ_with_stale_gossip() -> None:
