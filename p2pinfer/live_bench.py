@@ -186,6 +186,7 @@ def summarise(run: PolicyRun) -> dict[str, Any]:
     predicted_fw = sum(o.predicted for o in forwarded)
     realised_fw = sum(o.reused for o in forwarded)
     predicted_all = sum(o.predicted for o in ok)
+    timed = [o for o in ok if o.engine_prefill_ms is not None]
     served = {pid: 0 for pid in run.node_peer_ids}
     for o in ok:
         if o.served_by in served:
@@ -208,6 +209,9 @@ def summarise(run: PolicyRun) -> dict[str, Any]:
         "wall_s": round(run.wall_s, 2),
         "peer_rtt_ms_median": round(statistics.median(run.peer_rtt_ms), 3) if run.peer_rtt_ms else None,
         "prefill_ms_per_token_nodes": [round(x, 3) for x in run.prefill_ms_per_token],
+        # Where the live time went: waiting for the serving engine, then its prefill.
+        "engine_queue_ms_mean": round(statistics.fmean(o.engine_queue_ms or 0.0 for o in timed), 1) if timed else None,
+        "engine_prefill_ms_mean": round(statistics.fmean(o.engine_prefill_ms or 0.0 for o in timed), 1) if timed else None,
         "errors": sorted({o.error or f"HTTP {o.status}" for o in run.outcomes if not o.ok})[:5],
     }
 
@@ -241,5 +245,13 @@ def mmlu_live_requests(
     return out, meta
 
 
+OUTCOME_FIELDS = (
+    "entry", "ok", "ttft_ms", "served_by", "hops", "prompt_tokens", "predicted", "reused",
+    "engine_queue_ms", "engine_prefill_ms", "sent_s",
+)
+"""What a saved run keeps of each request: enough to replay it in the simulator."""
+
+
 def outcomes_json(run: PolicyRun) -> list[dict[str, Any]]:
-    return [asdict(o) for o in run.outcomes]
+    """Per request, in request order (see :data:`OUTCOME_FIELDS`)."""
+    return [{k: v for k, v in asdict(o).items() if k in OUTCOME_FIELDS} for o in run.outcomes]

@@ -134,8 +134,8 @@ def simulate_live_run(
     feed a slightly slower model more work than it can serve, and its
     queues would grow without bound.
     """
-    from .sim.runner import _encoder
     from .sim.simulator import SimConfig, Simulator
+    from .workloads import PromptEncoder, load_tokenizer
     from .workloads.base import Prompt, TimedRequest
 
     if not requests:
@@ -146,7 +146,7 @@ def simulate_live_run(
         warmup=0.0, seed=seed, shared_cores=shared_cores, concurrency=concurrency,
     )
     info = {"kind": "replay of a live bench swarm run", "requests": len(timed)}
-    result = Simulator(config, timed, _encoder("auto"), workload=info).run()
+    result = Simulator(config, timed, PromptEncoder(load_tokenizer("auto")), workload=info).run()
     return {
         "ttft_ms": result["ttft_ms"],
         "hit_rate": result["hit_rate"],

@@ -9,11 +9,6 @@ from typing import Any, Optional
 import typer
 
 DEMO_POLICIES = ("cost", "round-robin", "random")
-_KEPT_OUTCOME_FIELDS = (
-    "entry", "ok", "ttft_ms", "served_by", "hops", "prompt_tokens", "predicted", "reused",
-    "engine_queue_ms", "engine_prefill_ms", "sent_s",
-)
-"""Per request, in request order: enough to replay a run in the simulator later."""
 ALL_LIVE_POLICIES = ("cost", "paper", "random", "round-robin", "least-loaded", "local")
 
 
@@ -93,6 +88,7 @@ def run_live_experiment(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..live_bench import mmlu_live_requests, outcomes_json, run_policy, summarise
+    from ..live_sim import predict_live_run
 
     console = Console(stderr=True, quiet=quiet)
     reqs, meta = mmlu_live_requests(requests, nodes, max_subjects=subjects, seed=seed, max_tokens=max_tokens)
@@ -118,13 +114,14 @@ def run_live_experiment(
             run = run_policy(policy, nodes, reqs, concurrency=concurrency, node_args=node_args, engine=engine,
                              progress=tick, wrap=wrap, hosts=hosts, link_delay_ms=link_delay_ms)
             summary = summarise(run)
-            summary["outcomes"] = [
-                {k: v for k, v in o.items() if k in _KEPT_OUTCOME_FIELDS} for o in outcomes_json(run)
-            ]
-            summary["prefill_ms_per_token_nodes"] = run.prefill_ms_per_token
+            summary["outcomes"] = outcomes_json(run)
             if simulate and cache_tokens is not None:
-                progress.update(task, description=f"{policy:>13}: simulating the same arrivals")
-                summary["simulator"] = _simulate_same_requests(run, reqs, summary, nodes, cache_tokens, concurrency, seed)
+                progress.update(task, description=f"{policy:>13}: simulating the same requests")
+                summary["simulator"] = predict_live_run(
+                    reqs, summary["outcomes"], policy=policy, nodes=nodes, cache_tokens=cache_tokens,
+                    concurrency=concurrency, rtt_ms=summary["peer_rtt_ms_median"],
+                    prefill_estimates=run.prefill_ms_per_token, seed=seed,
+                )
             summaries.append(summary)
     return {
         "benchmark": "swarm",
@@ -141,23 +138,6 @@ def run_live_experiment(
         "ttft_measured": "at the client: request sent -> first streamed token",
         "policies": summaries,
     }
-
-
-def _simulate_same_requests(
-    run: Any, reqs: list[Any], summary: dict[str, Any], nodes: int, cache_tokens: int, concurrency: int, seed: int
-) -> dict[str, Any]:
-    """The simulator's prediction for this very run (see p2pinfer/live_sim.py)."""
-    from ..live_sim import predict_live_run
-
-    done = [o for o in summary["outcomes"] if o["ok"] and o["engine_prefill_ms"] is not None]
-    if done:
-        # Where the live time went, to set against the simulator's.
-        summary["engine_queue_ms_mean"] = round(sum(o["engine_queue_ms"] or 0.0 for o in done) / len(done), 1)
-        summary["engine_prefill_ms_mean"] = round(sum(o["engine_prefill_ms"] for o in done) / len(done), 1)
-    return predict_live_run(
-        reqs, summary["outcomes"], policy=run.policy, nodes=nodes, cache_tokens=cache_tokens, concurrency=concurrency,
-        rtt_ms=summary.get("peer_rtt_ms_median"), prefill_estimates=run.prefill_ms_per_token, seed=seed,
-    )
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
