@@ -296,11 +296,11 @@ class CostPolicy:
     def decide(
         self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
     ) -> Decision:
-        local_c = _local_candidate(self.model, request, local) if local.can_serve else None
         # Unmatched peers can only win on queue time; a few cheapest suffice.
-        peers = _matched_candidates(self.model, request, view, now, self.spare_peers)
-        scored = self.model.weigh_work(peers + ([local_c] if local_c else []))
-        ranked = sorted(scored, key=lambda c: (c.score, c.target))
+        cands = _matched_candidates(self.model, request, view, now, self.spare_peers)
+        if local.can_serve:
+            cands.append(_local_candidate(self.model, request, local))
+        ranked = sorted(self.model.weigh_work(cands), key=lambda c: (c.score, c.target))
         if not ranked:
             raise NoCandidateError("no peer can serve and this node has no engine")
         local_c = next((c for c in ranked if c.target == LOCAL), None)
