@@ -41,17 +41,19 @@ class SharedCpu:
     def running(self) -> int:
         return len(self._jobs)
 
-    def start(self, now: float, owner: object, work_s: float, fn: Callable[..., None], *args: Any) -> None:
+    def start(self, owner: object, work_s: float, fn: Callable[..., None], *args: Any) -> None:
         """Run ``work_s`` seconds of full-speed work for ``owner`` (one job per owner)."""
         if owner in self._jobs:
             raise ValueError("one job at a time per owner")
+        now = self._clock()
         self._advance(now)
         self._jobs[owner] = [max(0.0, work_s), 0, fn, args]
         self._retime(now)
 
-    def cancel(self, now: float, owner: object) -> None:
+    def cancel(self, owner: object) -> None:
         """Drop ``owner``'s job (its node left); the others speed up."""
         if owner in self._jobs:
+            now = self._clock()
             self._advance(now)
             del self._jobs[owner]
             self._retime(now)

@@ -403,7 +403,7 @@ class Simulator:
         if self.cpu is None:
             self.at(self.now + work_s, fn, *args)
         else:
-            self.cpu.start(self.now, node, work_s, fn, *args)
+            self.cpu.start(node, work_s, fn, *args)
 
     # -- topology ------------------------------------------------------------
     def link_s(self, a: SimNode, b: SimNode) -> float:
@@ -1014,7 +1014,7 @@ class Simulator:
         node.queue.clear()
         node.current = None
         if self.cpu is not None:
-            self.cpu.cancel(self.now, node)
+            self.cpu.cancel(node)
         served_here = {job.req.rid for job in jobs if job.gen == job.req.gen}
         for req in list(self.pending.values()):
             if req.entry is node:

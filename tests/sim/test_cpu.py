@@ -36,15 +36,15 @@ def _cpu(cores: float) -> tuple[Clock, SharedCpu, dict[str, float]]:
 def test_jobs_within_the_core_count_run_at_full_speed() -> None:
     clock, cpu, done = _cpu(2)
     for name in ("a", "b"):
-        cpu.start(0.0, name, 3.0, lambda n=name: done.__setitem__(n, clock.now))
+        cpu.start(name, 3.0, lambda n=name: done.__setitem__(n, clock.now))
     clock.run()
     assert done == {"a": 3.0, "b": 3.0}
 
 
 def test_more_jobs_than_cores_share_them() -> None:
     clock, cpu, done = _cpu(1)
-    cpu.start(0.0, "a", 2.0, lambda: done.__setitem__("a", clock.now))
-    cpu.start(0.0, "b", 1.0, lambda: done.__setitem__("b", clock.now))
+    cpu.start("a", 2.0, lambda: done.__setitem__("a", clock.now))
+    cpu.start("b", 1.0, lambda: done.__setitem__("b", clock.now))
     clock.run()
     # Both at half speed until b finishes its 1 s of work at t=2; a then has 1 s left alone.
     assert done["b"] == pytest.approx(2.0) and done["a"] == pytest.approx(3.0)
@@ -52,9 +52,9 @@ def test_more_jobs_than_cores_share_them() -> None:
 
 def test_a_late_job_slows_the_running_one_and_cancel_speeds_it_up() -> None:
     clock, cpu, done = _cpu(1)
-    cpu.start(0.0, "a", 4.0, lambda: done.__setitem__("a", clock.now))
-    clock.at(1.0, lambda: cpu.start(1.0, "b", 10.0, lambda: done.__setitem__("b", clock.now)))
-    clock.at(3.0, lambda: cpu.cancel(3.0, "b"))  # b's node leaves
+    cpu.start("a", 4.0, lambda: done.__setitem__("a", clock.now))
+    clock.at(1.0, lambda: cpu.start("b", 10.0, lambda: done.__setitem__("b", clock.now)))
+    clock.at(3.0, lambda: cpu.cancel("b"))  # b's node leaves
     clock.run()
     # a: 1 s alone, 2 s at half speed (1 s of work), then 2 s alone again.
     assert done == {"a": pytest.approx(5.0)}
@@ -63,9 +63,9 @@ def test_a_late_job_slows_the_running_one_and_cancel_speeds_it_up() -> None:
 
 def test_one_job_per_owner_and_positive_cores() -> None:
     clock, cpu, _ = _cpu(1)
-    cpu.start(0.0, "a", 1.0, lambda: None)
+    cpu.start("a", 1.0, lambda: None)
     with pytest.raises(ValueError, match="one job at a time"):
-        cpu.start(0.0, "a", 1.0, lambda: None)
+        cpu.start("a", 1.0, lambda: None)
     with pytest.raises(ValueError):
         SharedCpu(0, clock.at, lambda: clock.now)
 
