@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from ..core.router import GossipConfig, RouterConfig
 from .config import NodeConfig
 
-__all__ = ["NodeProcess", "RemoteCallError", "fast_config", "wait_until"]
+__all__ = ["NodeProcess", "RemoteCallError", "fast_config", "wait_for", "wait_until"]
 
 T = TypeVar("T")
 
@@ -69,6 +69,15 @@ def wait_until(fn: Callable[[], T], timeout_s: float, interval_s: float = 0.05, 
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not reached within {timeout_s} s (last: {last!r})")
         time.sleep(interval_s)
+
+
+async def wait_for(predicate: Callable[[], object], timeout_s: float = 10.0) -> None:
+    """Inside trio, for in-process nodes: until ``predicate()`` is truthy (raises ``trio.TooSlowError``)."""
+    import trio
+
+    with trio.fail_after(timeout_s):
+        while not predicate():
+            await trio.sleep(0.02)
 
 
 class NodeProcess:

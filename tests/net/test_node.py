@@ -12,31 +12,20 @@ import threading
 import time
 
 import pytest
+from libp2p.peer.id import ID
 import trio
 
 from p2pinfer.engines.base import InvalidRequestError, TokenChunk
 from p2pinfer.net.forward import GENERATE_PROTOCOL
-from p2pinfer.net.testing import fast_config
+from p2pinfer.net.testing import fast_config, wait_for
 from p2pinfer.node import GenerateResult, Node, NodeError, RequestFailed, SyncNode
 
 
 def generate_streams(node: Node, peer_id: str) -> list:
     out = []
-    for conn in node.host.get_network().connections.get(_id(peer_id), []):
+    for conn in node.host.get_network().connections.get(ID.from_base58(peer_id), []):
         out += [s for s in conn.get_streams() if s.get_protocol() == GENERATE_PROTOCOL]
     return out
-
-
-def _id(peer_id: str):
-    from libp2p.peer.id import ID
-
-    return ID.from_base58(peer_id)
-
-
-async def wait_for(predicate, timeout_s: float = 10.0) -> None:
-    with trio.fail_after(timeout_s):
-        while not predicate():
-            await trio.sleep(0.02)
 
 
 async def test_forwarded_requests_reuse_streams_and_close_them_on_both_sides():

@@ -8,25 +8,13 @@ from __future__ import annotations
 
 import time
 
+from libp2p.peer.id import ID
 import trio
 
 from p2pinfer.core.router import GossipConfig, RouterConfig, TrustConfig
 from p2pinfer.net.sanctions import PUBLISH_THRESHOLD
-from p2pinfer.net.testing import fast_config
+from p2pinfer.net.testing import fast_config, wait_for
 from p2pinfer.node import Node
-
-
-
-def _id(peer_id: str):
-    from libp2p.peer.id import ID
-
-    return ID.from_base58(peer_id)
-
-
-async def wait_for(predicate, timeout_s: float = 10.0) -> None:
-    with trio.fail_after(timeout_s):
-        while not predicate():
-            await trio.sleep(0.02)
 
 
 def forge_claim(node: Node, peer_id: str, tokens: list[int]) -> None:
@@ -64,16 +52,16 @@ async def test_distrusted_peer_stays_out_through_expiry_and_reconnect_then_retur
         # A reconnect does not wash the sanction off (gossipsub forgets scores
         # on disconnect; the node puts the penalty back, and does not pull).
         pulls = a.counters.pulls_done
-        await a.host.disconnect(_id(b.peer_id))
-        await wait_for(lambda: _id(b.peer_id) not in a.host.get_connected_peers(), 5)
-        await wait_for(lambda: _id(b.peer_id) in a.host.get_connected_peers(), 10)  # bootstrap peers are redialled
+        await a.host.disconnect(ID.from_base58(b.peer_id))
+        await wait_for(lambda: ID.from_base58(b.peer_id) not in a.host.get_connected_peers(), 5)
+        await wait_for(lambda: ID.from_base58(b.peer_id) in a.host.get_connected_peers(), 10)  # bootstrap peers are redialled
         await wait_for(lambda: a.status()["gossip_scores"].get(b.peer_id, 0) < -PUBLISH_THRESHOLD, 5)
         await trio.sleep(1.0)
         assert b.peer_id not in a.router.view and a.counters.pulls_done == pulls
         # Exactly what gossipsub does on a disconnect; the node tops the penalty up within a second or two.
         scorer = a._libp2p.gossipsub.scorer
-        scorer.remove_peer(_id(b.peer_id))
-        assert scorer.score(_id(b.peer_id), [a.topic]) == 0
+        scorer.remove_peer(ID.from_base58(b.peer_id))
+        assert scorer.score(ID.from_base58(b.peer_id), [a.topic]) == 0
         await wait_for(lambda: a.status()["gossip_scores"].get(b.peer_id, 0) < -PUBLISH_THRESHOLD, 3)
         # Requests for what it claimed stay here meanwhile.
         assert (await a.complete(list(range(1000, 1320)), max_tokens=1)).served_locally
