@@ -43,12 +43,28 @@ class LyingRouter(Router):
     """A :class:`Router` whose digest also lists whatever its peers cache."""
 
     claimed = 0
+    _lie: set[int] | None = None
+    """Every hash ever claimed: the lie outlives our view of the peers."""
 
     def on_digest(self, digest: Digest, now: float) -> ApplyResult:
         result = super().on_digest(digest, now)
-        # Every digest, even a stale repeat, renews the lie: a claimed prefix
-        # that our small cache took in and evicted again is claimed again.
         state = self.view.get(digest.node_id)
         if state is not None and state.hashes:
+            if self._lie is None:
+                self._lie = set()
+            self._lie |= state.hashes
             self.claimed += claim(self.tracker, state.hashes)
         return result
+
+    # A claimed prefix that our small cache took in and evicted again is
+    # claimed again before every digest we publish, even once the honest
+    # nodes have stopped gossiping to us.
+    def take_delta(self) -> bytes | None:
+        if self._lie:
+            self.claimed += claim(self.tracker, self._lie)
+        return super().take_delta()
+
+    def full_digest(self) -> bytes:
+        if self._lie:
+            self.claimed += claim(self.tracker, self._lie)
+        return super().full_digest()
