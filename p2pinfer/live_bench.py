@@ -222,7 +222,7 @@ def mmlu_live_requests(
 ) -> tuple[list[LiveRequest], dict[str, Any]]:
     """MMLU five-shot prompts (packaged subset) with random entry nodes."""
     from .workloads.base import Popularity
-    from .workloads.mmlu import MMLUWorkload, load_mmlu
+    from .workloads.mmlu import MMLUWorkload, five_shot_header, load_mmlu
 
     all_subjects = load_mmlu()
     if subjects:
@@ -233,8 +233,6 @@ def mmlu_live_requests(
             raise ValueError(f"unknown MMLU subjects: {', '.join(sorted(missing))}")
     else:
         # The subjects with the shortest five-shot headers keep a CPU demo quick.
-        from .workloads.mmlu import five_shot_header
-
         chosen = sorted(all_subjects, key=lambda s: len(five_shot_header(s)))[:max_subjects]
     workload = MMLUWorkload(chosen, Popularity("zipf", zipf_s) if zipf_s else None, seed=seed, output_tokens=max_tokens)
     rng = random.Random(seed)

@@ -93,3 +93,14 @@ def test_engine_timing_fit_refuses_too_few_or_unphysical_samples() -> None:
     assert fit_engine_timing([(100, 0, 500.0)] * 3) is None
     falling = [(100 + 10 * i, 0, 1000.0 - 5 * i) for i in range(20)]  # slower for fewer tokens
     assert fit_engine_timing(falling) is None
+
+
+def test_live_requests_by_subject_name_use_exactly_those_subjects() -> None:
+    from p2pinfer.live_bench import mmlu_live_requests
+
+    reqs, meta = mmlu_live_requests(20, 3, subjects=["anatomy", "philosophy"], seed=2)
+    assert meta["subjects"] == ["anatomy", "philosophy"]
+    assert {r.label.split("/")[0] for r in reqs} <= {"anatomy", "philosophy"}
+    assert {r.entry for r in reqs} <= {0, 1, 2}
+    with pytest.raises(ValueError, match="unknown MMLU subjects: no_such_subject"):
+        mmlu_live_requests(2, 2, subjects=["anatomy", "no_such_subject"])
