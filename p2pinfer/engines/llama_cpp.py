@@ -55,6 +55,7 @@ from .base import (
 )
 from .kv_segments import Segment, SegmentStore
 from .model_files import file_identity, resolve_model_path
+from .prompts_ahead import PromptsAhead
 from .text_stream import TextStream
 
 __all__ = ["LlamaCppEngine"]
@@ -185,6 +186,7 @@ class LlamaCppEngine(Engine):
         self._max_queue = max_queue
         self._active = 0
         self._queued_prefill = 0
+        self._ahead = PromptsAhead()
         self._prefill_ms: float | None = None
         self._decode_ms: float | None = None
         self._closed = False
@@ -391,7 +393,9 @@ class LlamaCppEngine(Engine):
         req = _Request(list(tokens), params)
         n = len(req.tokens)
         t0 = time.perf_counter()
-        estimate = n - min(self._cache.match(req.tokens, touch=False), _max_reuse(n))
+        covered = max(self._cache.match(req.tokens, touch=False), self._ahead.covered(req.tokens))
+        estimate = n - min(covered, _max_reuse(n))
+        self._ahead.add(req.tokens)
         self._active += 1
         self._queued_prefill += estimate
         pin = None
@@ -484,6 +488,7 @@ class LlamaCppEngine(Engine):
             if pin is not None:
                 self._cache.unpin(pin)
             self._garbage.append(req)
+            self._ahead.remove(req.tokens)
             self._queued_prefill -= estimate
             self._active -= 1
 

@@ -22,6 +22,7 @@ from ..core.costmodel import EngineCostModel
 from ..core.peers import Load
 from ..core.radix import RadixTree
 from .approx_tokenizer import ApproxTokenizer
+from .prompts_ahead import PromptsAhead
 from .base import (
     ChatMessage,
     Engine,
@@ -63,6 +64,7 @@ class SimulatedEngine(Engine):
         self.cost = (cost or EngineCostModel()).scaled(speed) if speed != 1.0 else (cost or EngineCostModel())
         self._lock = trio.Lock()  # FIFO: one request at a time, like one llama.cpp context
         self._queued_prefill = 0
+        self._ahead = PromptsAhead()
         self._active = 0
         self._max_queue = max_queue
 
@@ -107,7 +109,8 @@ class SimulatedEngine(Engine):
             raise EngineOverloadedError(f"{self._active} requests queued (limit {self._max_queue})")
         tokens = list(tokens)
         t0 = time.perf_counter()
-        estimate = len(tokens) - self._cache.match(tokens, touch=False)
+        estimate = len(tokens) - max(self._cache.match(tokens, touch=False), self._ahead.covered(tokens))
+        self._ahead.add(tokens)
         self._active += 1
         self._queued_prefill += estimate
         try:
@@ -144,5 +147,6 @@ class SimulatedEngine(Engine):
                     queue_s=queue_s,
                 )
         finally:
+            self._ahead.remove(tokens)
             self._queued_prefill -= estimate
             self._active -= 1

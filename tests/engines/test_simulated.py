@@ -25,7 +25,8 @@ async def test_load_counts_the_request_in_prefill_and_the_ones_waiting() -> None
         assert engine.load().queued_prefill_tokens == 100 and engine.load().active_requests == 1
         nursery.start_soon(run, second)
         await trio.sleep(0.05)
-        # The second waits with all 80 tokens: its 50-token prefix is not cached yet.
-        assert engine.load().queued_prefill_tokens == 180
+        # The second's 50-token prefix is not cached yet, but the first will
+        # have cached it when the second starts: only its last 30 tokens count.
+        assert engine.load().queued_prefill_tokens == 130
     assert engine.load().queued_prefill_tokens == 0 and engine.load().active_requests == 0
     assert [r.reused_tokens for r in records] == [0, 50]  # once in service, it reused the first's prefix
