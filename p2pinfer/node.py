@@ -581,6 +581,7 @@ class Node:
         # No cancel scope may span a `yield` in an async generator, so the
         # deadline is applied to each step separately.
         items = self.engine.generate(tokens, params)
+        in_service = self.router.begin_serving(tokens)
         try:
             while True:
                 got = False
@@ -594,7 +595,10 @@ class Node:
                     raise DeadlineExceeded("local generation passed its deadline")
                 yield item
         finally:
-            await items.aclose()
+            try:
+                await items.aclose()
+            finally:
+                self.router.end_serving(in_service)
 
 
 # -- a blocking wrapper for scripts -------------------------------------------------------------

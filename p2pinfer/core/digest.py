@@ -10,7 +10,8 @@ raises :class:`DigestError` and nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 import struct
 from typing import Any, Literal
@@ -156,6 +157,13 @@ class DigestTracker:
     Subscribe :meth:`on_event` to the tree. :meth:`full` gives the current
     snapshot; :meth:`take_delta` gives what changed since the last delta or
     full snapshot and advances the version, or ``None`` when nothing did.
+
+    The digest also lists the blocks of prompts the node has accepted and
+    not finished (:meth:`add_in_service`): the engine serves one request at
+    a time, first come first served, so a request queued behind one of
+    them finds that prefix cached. Without it, two requests for a new
+    prefix that arrive a few seconds apart both compute it cold on two
+    nodes (live swarm, docs/results.md, issue 7).
     """
 
     def __init__(self, hasher: BlockHasher, node_id: str, epoch: int = 0) -> None:
@@ -165,6 +173,9 @@ class DigestTracker:
         self.fingerprint = hasher.fingerprint.hex()
         self.version = 0
         self._held: set[int] = set()
+        """What the digest lists: cached or in service."""
+        self._cached: set[int] = set()
+        self._in_service: Counter[int] = Counter()
         self._added: set[int] = set()
         self._removed: set[int] = set()
 
@@ -175,6 +186,22 @@ class DigestTracker:
     def __len__(self) -> int:
         return len(self._held)
 
+    def _list(self, h: int) -> None:
+        if h not in self._held:
+            self._held.add(h)
+            if h in self._removed:
+                self._removed.discard(h)
+            else:
+                self._added.add(h)
+
+    def _unlist(self, h: int) -> None:
+        if h in self._held:
+            self._held.discard(h)
+            if h in self._added:
+                self._added.discard(h)
+            else:
+                self._removed.add(h)
+
     def on_event(self, event: TreeEvent) -> None:
         bs = self.hasher.block_size
         first = event.start // bs  # first block whose end lies past start
@@ -182,20 +209,39 @@ class DigestTracker:
         changed = chain[first:]
         if event.kind == "insert":
             for h in changed:
-                if h not in self._held:
-                    self._held.add(h)
-                    if h in self._removed:
-                        self._removed.discard(h)
-                    else:
-                        self._added.add(h)
+                self._cached.add(h)
+                self._list(h)
         else:
             for h in changed:
-                if h in self._held:
-                    self._held.discard(h)
-                    if h in self._added:
-                        self._added.discard(h)
-                    else:
-                        self._removed.add(h)
+                self._cached.discard(h)
+                if h not in self._in_service:
+                    self._unlist(h)
+
+    def add_in_service(self, hashes: Sequence[int]) -> None:
+        """A prompt (its chained block hashes) was accepted for serving here."""
+        for h in hashes:
+            self._in_service[h] += 1
+            self._list(h)
+
+    def remove_in_service(self, hashes: Sequence[int]) -> None:
+        """That prompt finished or failed; its blocks stay listed if cached."""
+        for h in hashes:
+            n = self._in_service[h] - 1
+            if n > 0:
+                self._in_service[h] = n
+                continue
+            del self._in_service[h]
+            if h not in self._cached:
+                self._unlist(h)
+
+    def in_service_blocks(self, hashes: Sequence[int]) -> int:
+        """How many leading blocks of ``hashes`` a prompt in service covers."""
+        n = 0
+        for h in hashes:
+            if h not in self._in_service:
+                break
+            n += 1
+        return n
 
     def on_event_insert(self, path: tuple[int, ...]) -> None:
         """Count an already cached sequence (an engine that starts warm)."""

@@ -102,9 +102,27 @@ class Router:
     ) -> tuple[Decision, list[int]]:
         """Decide where ``tokens`` go; also returns their block hashes."""
         hashes = self.hasher.hashes(tokens)
-        local = LocalState(self.node_id, self.cache.match(tokens, touch=False), local_load, can_serve)
+        match = max(self.cache.match(tokens, touch=False), self.in_service_match(hashes))
+        local = LocalState(self.node_id, match, local_load, can_serve)
         request = RouteRequest(len(tokens), hashes, self.hasher.block_size)
         return self.policy.decide(request, local, self.view, now, self.rng), hashes
+
+    # -- requests this node serves ----------------------------------------------
+    def begin_serving(self, tokens: Sequence[int]) -> list[int]:
+        """This node's engine took ``tokens``: list their blocks in our digest
+        until :meth:`end_serving` (see :class:`~p2pinfer.core.digest.DigestTracker`).
+        Returns the block hashes to hand back to :meth:`end_serving`."""
+        hashes = self.hasher.hashes(tokens)
+        self.tracker.add_in_service(hashes)
+        return hashes
+
+    def end_serving(self, hashes: Sequence[int]) -> None:
+        self.tracker.remove_in_service(hashes)
+
+    def in_service_match(self, hashes: Sequence[int]) -> int:
+        """Tokens of a prompt that a request in service here will have cached
+        by the time a request queued now starts (FIFO, one at a time)."""
+        return self.tracker.in_service_blocks(hashes) * self.hasher.block_size
 
     def is_busy(self, load: Load) -> bool:
         return load.queued_prefill_tokens * load.prefill_ms_per_token > self.config.busy_queue_ms

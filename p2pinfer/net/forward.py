@@ -190,6 +190,7 @@ class ForwardServer:
             record: GenerationRecord | None = None
             with trio.move_on_after(budget) as scope:
                 gen = self.engine.generate(req.tokens, req.params)
+                in_service = self.router.begin_serving(req.tokens)
                 try:
                     async for item in gen:
                         if isinstance(item, TokenChunk):
@@ -197,7 +198,10 @@ class ForwardServer:
                         else:
                             record = item
                 finally:
-                    await gen.aclose()
+                    try:
+                        await gen.aclose()
+                    finally:
+                        self.router.end_serving(in_service)
             if scope.cancelled_caught or record is None:
                 self._refused("DEADLINE")
                 return await _try_write(stream, encode_error("DEADLINE", f"not done within {budget:.3f} s"))

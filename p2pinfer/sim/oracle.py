@@ -24,6 +24,7 @@ node holds equals this one, so the two policies take the same decisions
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 import heapq
 import random
@@ -41,17 +42,22 @@ __all__ = ["OracleIndex", "OraclePolicy", "OracleView"]
 
 
 class OracleIndex:
-    """Block hash -> indices of the live nodes whose cache holds it (exact)."""
+    """Block hash -> indices of the live nodes whose cache holds it (exact),
+    or that serve a prompt with it now (what a digest lists; see
+    :class:`~p2pinfer.core.digest.DigestTracker`)."""
 
     def __init__(self, hasher: BlockHasher) -> None:
         self.hasher = hasher
         self.holders: dict[int, set[int]] = {}
         self._held: dict[int, set[int]] = {}
+        self._in_service: dict[int, Counter[int]] = {}
         self._listeners: dict[int, tuple[RadixTree, Callable[[TreeEvent], None]]] = {}
 
     def attach(self, node: int, cache: RadixTree) -> None:
         held: set[int] = set()
         self._held[node] = held
+        in_service: Counter[int] = Counter()
+        self._in_service[node] = in_service
         holders = self.holders
         hashes = self.hasher.hashes
         bs = self.hasher.block_size
@@ -69,6 +75,8 @@ class OracleIndex:
                 for h in changed:
                     if h in held:
                         held.discard(h)
+                        if h in in_service:
+                            continue
                         s = holders[h]
                         s.discard(node)
                         if not s:
@@ -79,10 +87,34 @@ class OracleIndex:
         cache.subscribe(on_event)
         self._listeners[node] = (cache, on_event)
 
+    def add_in_service(self, node: int, hashes: Sequence[int]) -> None:
+        in_service = self._in_service[node]
+        for h in hashes:
+            in_service[h] += 1
+            self.holders.setdefault(h, set()).add(node)
+
+    def remove_in_service(self, node: int, hashes: Sequence[int]) -> None:
+        in_service = self._in_service.get(node)
+        if in_service is None:
+            return  # detached meanwhile
+        held = self._held[node]
+        for h in hashes:
+            n = in_service[h] - 1
+            if n > 0:
+                in_service[h] = n
+                continue
+            del in_service[h]
+            if h not in held:
+                s = self.holders[h]
+                s.discard(node)
+                if not s:
+                    del self.holders[h]
+
     def detach(self, node: int) -> None:
         cache, listener = self._listeners.pop(node)
         cache.unsubscribe(listener)
-        for h in self._held.pop(node):
+        listed = self._held.pop(node) | set(self._in_service.pop(node))
+        for h in listed:
             s = self.holders[h]
             s.discard(node)
             if not s:

@@ -265,7 +265,7 @@ class Req:
 
 
 class Job:
-    __slots__ = ("req", "gen", "origin", "predicted", "estimate", "reused")
+    __slots__ = ("req", "gen", "origin", "predicted", "estimate", "reused", "in_service")
 
     def __init__(self, req: Req, origin: SimNode, predicted: int) -> None:
         self.req = req
@@ -274,6 +274,8 @@ class Job:
         self.predicted = predicted
         self.estimate = 0
         self.reused = 0
+        self.in_service: list[int] = []
+        """Block hashes listed in the node's digest while it serves this job."""
 
 
 class SimNode:
@@ -910,7 +912,12 @@ class Simulator:
     # -- serving -------------------------------------------------------------
     def _enqueue(self, node: SimNode, job: Job) -> None:
         tokens = job.req.tokens
-        job.estimate = len(tokens) - node.cache.match(tokens, touch=False)
+        router = node.router
+        ahead = router.in_service_match(router.hasher.hashes(tokens))
+        job.estimate = len(tokens) - max(node.cache.match(tokens, touch=False), ahead)
+        job.in_service = router.begin_serving(tokens)
+        if self.oracle_index is not None:
+            self.oracle_index.add_in_service(node.idx, job.in_service)
         node.queued += job.estimate
         node.active += 1
         node.queue.append(job)
@@ -938,6 +945,9 @@ class Simulator:
             return
         req = job.req
         node.cache.insert(req.tokens)
+        node.router.end_serving(job.in_service)
+        if self.oracle_index is not None:
+            self.oracle_index.remove_in_service(node.idx, job.in_service)
         node.queued -= job.estimate
         job.estimate = 0
         if job.gen == req.gen and not req.done:

@@ -84,3 +84,40 @@ def test_busy_threshold() -> None:
     a, _ = pair()
     assert not a.is_busy(Load(100, 4.0))
     assert a.is_busy(Load(5000, 4.0))  # 20 s of queued prefill
+
+
+def test_a_prompt_in_service_is_listed_until_it_ends_and_stays_if_cached() -> None:
+    a, b = pair()
+    in_service = a.begin_serving(PROMPT)
+    b.on_digest_bytes(a.take_delta() or b"", 1.0)
+    b.on_load("a", Load(0, 4.0), False, 1.0)
+    decision, _ = b.route(PROMPT, Load(0, 4.0), 1.0)
+    # Not cached yet, but a serves it: a request queued behind it reuses it.
+    assert decision.target == "a" and decision.predicted_match_tokens == 320
+    a.cache.insert(PROMPT)
+    a.end_serving(in_service)
+    assert a.take_delta() is None  # cached now: nothing to withdraw
+    a.cache.evict(0)
+    b.on_digest_bytes(a.take_delta() or b"", 2.0)
+    assert b.route(PROMPT, Load(0, 4.0), 2.0)[0].target == LOCAL
+
+
+def test_a_failed_prompt_is_withdrawn_and_two_of_them_count_twice() -> None:
+    a, b = pair()
+    first, second = a.begin_serving(PROMPT), a.begin_serving(PROMPT[:160])
+    a.end_serving(first)  # failed: never cached
+    b.on_digest_bytes(a.take_delta() or b"", 1.0)
+    state = b.view.get("a")
+    assert state is not None and len(state.hashes) == 10  # the second still holds its 10 blocks
+    a.end_serving(second)
+    b.on_digest_bytes(a.take_delta() or b"", 2.0)
+    assert not b.view.get("a").hashes  # type: ignore[union-attr]
+    assert a.tracker.hashes == frozenset()
+
+
+def test_the_local_match_counts_a_prompt_this_node_serves() -> None:
+    a, _ = pair()
+    assert a.route(PROMPT, Load(0, 4.0), 1.0)[0].predicted_match_tokens == 0
+    a.begin_serving(PROMPT[:100])  # 6 whole blocks of 16
+    decision, _ = a.route(PROMPT, Load(0, 4.0), 1.0)
+    assert decision.target == LOCAL and decision.predicted_match_tokens == 96

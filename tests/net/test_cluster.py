@@ -84,6 +84,22 @@ def test_request_for_prefix_cached_only_on_c_is_served_by_c(cluster):
     assert fresh["served_locally"] and fresh["hops"] == 0 and fresh["reused_tokens"] == 0
 
 
+def test_a_prompt_in_service_is_gossiped_before_it_is_cached(cluster):
+    # speed 2: C's prefill of 320 tokens takes ~2.8 s, far longer than a delta
+    # interval, and C stays under the busy threshold (4 s of queued work).
+    a, b, c = cluster.three(A={"speed": 2.0}, B={"speed": 2.0}, C={"speed": 2.0})
+    shared = prompt(9)
+    first = c.start_call("generate", tokens=shared, max_tokens=1, prefer="local")
+    wait_until(lambda: len(a.call("view_hashes", peer=c.peer_id) or []) == 20, 5, interval_s=0.05,
+               what="A sees the 20 blocks C is computing")
+    assert c.call("cache_hashes") == []  # listed while still in prefill, not cached yet
+    # A routes the same prefix to C, where it queues behind the first and reuses it.
+    result = a.call("generate", tokens=shared + prompt(10, 24), max_tokens=1, timeout_s=60)
+    assert first(60)["served_locally"]
+    assert result["served_by"] == c.peer_id, result["decision"]["candidates"]
+    assert result["predicted_reused_tokens"] == result["reused_tokens"] == 320
+
+
 def test_busy_node_is_avoided_and_busy_refusal_falls_back(cluster):
     # C runs at real speed (4.35 ms per prompt token) and calls itself busy
     # above 100 ms of queued prefill.
