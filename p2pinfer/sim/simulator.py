@@ -265,7 +265,7 @@ class Req:
 
 
 class Job:
-    __slots__ = ("req", "gen", "origin", "predicted", "estimate", "reused", "in_service")
+    __slots__ = ("req", "gen", "origin", "predicted", "estimate", "reused", "in_service", "started", "work_s")
 
     def __init__(self, req: Req, origin: SimNode, predicted: int) -> None:
         self.req = req
@@ -276,6 +276,9 @@ class Job:
         self.reused = 0
         self.in_service: list[int] = []
         """Block hashes listed in the node's digest while it serves this job."""
+        self.started = 0.0
+        self.work_s = 0.0
+        """Its prefill at full speed (it takes longer on shared cores)."""
 
 
 class SimNode:
@@ -307,6 +310,17 @@ class SimNode:
 
     def load(self) -> Load:
         return Load(self.queued, self.ms_per_token, self.active)
+
+    def observe_prefill(self, uncached: int, elapsed_s: float, work_s: float, full_speed_ms: float) -> None:
+        """Update the reported prefill speed as the live engine does: an
+        EWMA (weight 0.25) of measured ms/token, for prefills of 16 tokens or
+        more. On shared cores a prefill that ran beside others took longer
+        than its work, and the estimate, like a live node's, carries that
+        slowdown; routing then sees the same uneven speeds as in a live run."""
+        if uncached < 16 or work_s <= 0:
+            return
+        measured = full_speed_ms * elapsed_s / work_s
+        self.ms_per_token = max(1e-3, 0.75 * self.ms_per_token + 0.25 * measured)
 
 
 class Simulator:
@@ -811,7 +825,8 @@ class Simulator:
         if answer is not None and answer.holders:
             apply_answer(router.view, answer, now, self.fingerprint_hex)
         bs = router.hasher.block_size
-        local = LocalState(node.id, node.cache.match(req.tokens, touch=False), node.load(), True)
+        match = max(node.cache.match(req.tokens, touch=False), router.in_service_match(req.hashes))
+        local = LocalState(node.id, match, node.load(), True)
         request = RouteRequest(req.n_tokens, req.hashes, bs)
         decision = router.policy.decide(request, local, DirectoryView(router.view, answer, bs), now, router.rng)  # type: ignore[arg-type]
         self.decision_ns.append(time.perf_counter_ns() - t0 + hash_ns)
@@ -938,12 +953,14 @@ class Simulator:
         job.reused = reused
         duration = self.config.cost.prefill_ms(len(tokens), reused) / 1000.0
         node.busy_s += duration
+        job.started, job.work_s = self.now, duration
         self._compute(node, duration, self._prefill_done, node, job)
 
     def _prefill_done(self, node: SimNode, job: Job) -> None:
         if not node.alive:
             return
         req = job.req
+        node.observe_prefill(job.estimate, self.now - job.started, job.work_s, self.config.cost.prefill_ms_per_token)
         node.cache.insert(req.tokens)
         node.router.end_serving(job.in_service)
         if self.oracle_index is not None:

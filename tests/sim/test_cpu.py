@@ -124,3 +124,16 @@ def test_closed_loop_keeps_the_concurrency_and_serves_everyone(mmlu_300: Any) ->
     assert result["params"]["arrivals"] == "closed loop, 3 in flight"
     again = _run(config, built)[1]
     assert again["ttft_ms"] == result["ttft_ms"]  # deterministic for a seed
+
+
+def test_reported_speed_follows_the_slowdown_like_a_live_engine(mmlu_300: Any) -> None:
+    _, built = mmlu_300
+    full = SimConfig().cost.prefill_ms_per_token
+    alone, _ = _run(SimConfig(policy="local", seed=7), built)
+    assert all(n.load().prefill_ms_per_token == pytest.approx(full) for n in alone.nodes)  # nothing ran beside it
+    shared, _ = _run(SimConfig(policy="local", seed=7, shared_cores=1), built)
+    reported = [n.load().prefill_ms_per_token for n in shared.nodes]
+    # Four nodes on one core: prefills ran beside others, and the EWMA of the
+    # measured speed (what peers route by) says so, unevenly.
+    assert all(r > full for r in reported) and max(reported) <= 4 * full + 1e-9
+    assert len(set(reported)) > 1
