@@ -24,17 +24,14 @@ def claim(tracker: DigestTracker, hashes: Iterable[int]) -> int:
     """Add ``hashes`` to the advertised set as if the cache had inserted them.
 
     Reaches into the tracker's bookkeeping on purpose: no honest code path
-    may advertise a hash the cache does not hold. Returns how many were new.
+    may advertise a hash the node neither caches nor is serving. Returns how
+    many were new.
     """
     new = 0
     for h in hashes:
         if h in tracker._held:
             continue
-        tracker._held.add(h)
-        if h in tracker._removed:
-            tracker._removed.discard(h)
-        else:
-            tracker._added.add(h)
+        tracker._list(h)
         new += 1
     return new
 
