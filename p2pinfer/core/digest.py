@@ -11,7 +11,7 @@ raises :class:`DigestError` and nothing else.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 import struct
 from typing import Any, Literal
@@ -178,6 +178,7 @@ class DigestTracker:
         self._in_service: Counter[int] = Counter()
         self._added: set[int] = set()
         self._removed: set[int] = set()
+        self._listeners: list[Callable[[int, bool], None]] = []
 
     @property
     def hashes(self) -> frozenset[int]:
@@ -186,6 +187,13 @@ class DigestTracker:
     def __len__(self) -> int:
         return len(self._held)
 
+    def subscribe(self, listener: Callable[[int, bool], None]) -> None:
+        """Call ``listener(hash, listed)`` whenever a hash enters or leaves the digest."""
+        self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Callable[[int, bool], None]) -> None:
+        self._listeners.remove(listener)
+
     def _list(self, h: int) -> None:
         if h not in self._held:
             self._held.add(h)
@@ -193,6 +201,8 @@ class DigestTracker:
                 self._removed.discard(h)
             else:
                 self._added.add(h)
+            for listener in self._listeners:
+                listener(h, True)
 
     def _unlist(self, h: int) -> None:
         if h in self._held:
@@ -201,6 +211,8 @@ class DigestTracker:
                 self._added.discard(h)
             else:
                 self._removed.add(h)
+            for listener in self._listeners:
+                listener(h, False)
 
     def on_event(self, event: TreeEvent) -> None:
         bs = self.hasher.block_size

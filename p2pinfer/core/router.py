@@ -108,11 +108,13 @@ class Router:
         return self.policy.decide(request, local, self.view, now, self.rng), hashes
 
     # -- requests this node serves ----------------------------------------------
-    def begin_serving(self, tokens: Sequence[int]) -> list[int]:
+    def begin_serving(self, tokens: Sequence[int], *, hashes: list[int] | None = None) -> list[int]:
         """This node's engine took ``tokens``: list their blocks in our digest
         until :meth:`end_serving` (see :class:`~p2pinfer.core.digest.DigestTracker`).
-        Returns the block hashes to hand back to :meth:`end_serving`."""
-        hashes = self.hasher.hashes(tokens)
+        Returns the block hashes to hand back to :meth:`end_serving`;
+        ``hashes``, when the caller has them already, saves hashing again."""
+        if hashes is None:
+            hashes = self.hasher.hashes(tokens)
         self.tracker.add_in_service(hashes)
         return hashes
 

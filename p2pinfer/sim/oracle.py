@@ -8,9 +8,10 @@ It runs the *same* :class:`~p2pinfer.core.policies.CostPolicy` code; only
 the view changes: :class:`OracleView` answers the questions the policy asks
 a :class:`~p2pinfer.core.peers.PeerView` from ground truth at decision time:
 
-* a peer's match is read from an exact index of every live node's cached
-  block hashes (kept from the caches' own insert/evict events), at block
-  granularity, which is what a perfectly fresh digest says;
+* a peer's match is read from an exact index of the block hashes every
+  live node's digest lists (kept from the digest trackers' own listing
+  changes), at block granularity, which is what a perfectly fresh digest
+  says;
 * a peer's load is its exact current :class:`~p2pinfer.core.peers.Load`;
 * RTTs are the true link delays;
 * a peer is eligible when it is alive and would not refuse the request
@@ -24,16 +25,14 @@ node holds equals this one, so the two policies take the same decisions
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 import heapq
 import random
 from typing import TYPE_CHECKING
 
-from ..core.blocks import BlockHasher
+from ..core.digest import DigestTracker
 from ..core.peers import PeerState, longest_prefix_holders
 from ..core.policies import CostPolicy, Decision, LocalState, RouteRequest
-from ..core.radix import RadixTree, TreeEvent
 
 if TYPE_CHECKING:
     from .simulator import SimNode, Simulator
@@ -42,79 +41,44 @@ __all__ = ["OracleIndex", "OraclePolicy", "OracleView"]
 
 
 class OracleIndex:
-    """Block hash -> indices of the live nodes whose cache holds it (exact),
-    or that serve a prompt with it now (what a digest lists; see
-    :class:`~p2pinfer.core.digest.DigestTracker`)."""
+    """Block hash -> indices of the live nodes whose digest lists it now:
+    cached, or in a prompt the node is serving (see
+    :class:`~p2pinfer.core.digest.DigestTracker`), exact and without delay.
 
-    def __init__(self, hasher: BlockHasher) -> None:
-        self.hasher = hasher
+    It follows each node's tracker rather than its cache, so the oracle
+    knows exactly what a perfectly fresh digest would say and hashes
+    nothing itself."""
+
+    def __init__(self) -> None:
         self.holders: dict[int, set[int]] = {}
         self._held: dict[int, set[int]] = {}
-        self._in_service: dict[int, Counter[int]] = {}
-        self._listeners: dict[int, tuple[RadixTree, Callable[[TreeEvent], None]]] = {}
+        self._listeners: dict[int, tuple[DigestTracker, Callable[[int, bool], None]]] = {}
 
-    def attach(self, node: int, cache: RadixTree) -> None:
+    def attach(self, node: int, tracker: DigestTracker) -> None:
         held: set[int] = set()
         self._held[node] = held
-        in_service: Counter[int] = Counter()
-        self._in_service[node] = in_service
         holders = self.holders
-        hashes = self.hasher.hashes
-        bs = self.hasher.block_size
 
-        def on_event(event: TreeEvent) -> None:
-            # Same bookkeeping as DigestTracker.on_event: the blocks whose end
-            # lies past event.start changed.
-            changed = hashes(event.path)[event.start // bs :]
-            if event.kind == "insert":
-                for h in changed:
-                    if h not in held:
-                        held.add(h)
-                        holders.setdefault(h, set()).add(node)
+        def on_listing(h: int, listed: bool) -> None:
+            if listed:
+                held.add(h)
+                holders.setdefault(h, set()).add(node)
             else:
-                for h in changed:
-                    if h in held:
-                        held.discard(h)
-                        if h in in_service:
-                            continue
-                        s = holders[h]
-                        s.discard(node)
-                        if not s:
-                            del holders[h]
-
-        for seq in cache.sequences():
-            on_event(TreeEvent("insert", tuple(seq), 0))
-        cache.subscribe(on_event)
-        self._listeners[node] = (cache, on_event)
-
-    def add_in_service(self, node: int, hashes: Sequence[int]) -> None:
-        in_service = self._in_service[node]
-        for h in hashes:
-            in_service[h] += 1
-            self.holders.setdefault(h, set()).add(node)
-
-    def remove_in_service(self, node: int, hashes: Sequence[int]) -> None:
-        in_service = self._in_service.get(node)
-        if in_service is None:
-            return  # detached meanwhile
-        held = self._held[node]
-        for h in hashes:
-            n = in_service[h] - 1
-            if n > 0:
-                in_service[h] = n
-                continue
-            del in_service[h]
-            if h not in held:
-                s = self.holders[h]
+                held.discard(h)
+                s = holders[h]
                 s.discard(node)
                 if not s:
-                    del self.holders[h]
+                    del holders[h]
+
+        for h in tracker.hashes:
+            on_listing(h, True)
+        tracker.subscribe(on_listing)
+        self._listeners[node] = (tracker, on_listing)
 
     def detach(self, node: int) -> None:
-        cache, listener = self._listeners.pop(node)
-        cache.unsubscribe(listener)
-        listed = self._held.pop(node) | set(self._in_service.pop(node))
-        for h in listed:
+        tracker, listener = self._listeners.pop(node)
+        tracker.unsubscribe(listener)
+        for h in self._held.pop(node):
             s = self.holders[h]
             s.discard(node)
             if not s:

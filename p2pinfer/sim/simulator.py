@@ -41,7 +41,7 @@ import statistics
 import time
 from typing import Any
 
-from ..core.blocks import BlockHasher, ModelFingerprint
+from ..core.blocks import ModelFingerprint
 from ..core.costmodel import EngineCostModel
 from ..core.digest import Digest, decode_digest
 from ..core.directory import (
@@ -370,7 +370,7 @@ class Simulator:
         self.alive: list[SimNode] = []
         self.topics: list[list[SimNode]] = []
         self.need_oracle = config.policy == "oracle" or config.shadow_oracle
-        self.oracle_index = OracleIndex(BlockHasher(self.fingerprint)) if self.need_oracle else None
+        self.oracle_index = OracleIndex() if self.need_oracle else None
         self.gossip_on = config.policy != "oracle" and config.nodes > 1
         self.dir_on = self.gossip_on and config.discovery == "directory"
         self.dir_cfg = config.directory
@@ -462,7 +462,7 @@ class Simulator:
         self.alive.append(node)
         self.topics[topic].append(node)
         if self.oracle_index is not None:
-            self.oracle_index.attach(idx, cache)
+            self.oracle_index.attach(idx, router.tracker)
         if self.dir_on:
             self._add_directory_node(node)
         elif self.gossip_on and not self.config.instant_gossip:
@@ -928,11 +928,10 @@ class Simulator:
     def _enqueue(self, node: SimNode, job: Job) -> None:
         tokens = job.req.tokens
         router = node.router
-        ahead = router.in_service_match(router.hasher.hashes(tokens))
+        hashes = router.hasher.hashes(tokens)
+        ahead = router.in_service_match(hashes)  # before this job is listed itself
         job.estimate = len(tokens) - max(node.cache.match(tokens, touch=False), ahead)
-        job.in_service = router.begin_serving(tokens)
-        if self.oracle_index is not None:
-            self.oracle_index.add_in_service(node.idx, job.in_service)
+        job.in_service = router.begin_serving(tokens, hashes=hashes)
         node.queued += job.estimate
         node.active += 1
         node.queue.append(job)
@@ -960,11 +959,10 @@ class Simulator:
         if not node.alive:
             return
         req = job.req
-        node.observe_prefill(job.estimate, self.now - job.started, job.work_s, self.config.cost.prefill_ms_per_token)
+        uncached = len(req.tokens) - job.reused
+        node.observe_prefill(uncached, self.now - job.started, job.work_s, self.config.cost.prefill_ms_per_token)
         node.cache.insert(req.tokens)
         node.router.end_serving(job.in_service)
-        if self.oracle_index is not None:
-            self.oracle_index.remove_in_service(node.idx, job.in_service)
         node.queued -= job.estimate
         job.estimate = 0
         if job.gen == req.gen and not req.done:
