@@ -959,8 +959,11 @@ class Simulator:
         if not node.alive:
             return
         req = job.req
-        uncached = len(req.tokens) - job.reused
-        node.observe_prefill(uncached, self.now - job.started, job.work_s, self.config.cost.prefill_ms_per_token)
+        if self.cpu is not None:
+            # Only shared cores slow a prefill down. Without them the EWMA would
+            # still drift in the last bits of a float and flip tied decisions.
+            uncached = len(req.tokens) - job.reused
+            node.observe_prefill(uncached, self.now - job.started, job.work_s, self.config.cost.prefill_ms_per_token)
         node.cache.insert(req.tokens)
         node.router.end_serving(job.in_service)
         node.queued -= job.estimate
