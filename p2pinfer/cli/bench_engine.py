@@ -194,9 +194,9 @@ def naive_baseline(
     """The naive prefix cache, side by side: ``Llama.save_state`` after the
     earlier prompt, ``load_state`` before the warm one (the whole context's
     state goes through Python both ways)."""
-    import llama_cpp
+    from ..engines.llama_runtime import plain_llama
 
-    llm = llama_cpp.Llama(
+    llm = plain_llama(
         model_path, n_ctx=context_size, n_batch=512, n_threads=threads, n_threads_batch=threads,
         flash_attn=flash_attn, verbose=False,
     )

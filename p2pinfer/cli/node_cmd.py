@@ -32,6 +32,8 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
         opts["threads"] = settings.threads
     if settings.gpu_layers is not None:
         opts["n_gpu_layers"] = settings.gpu_layers
+    if settings.cpu_repack:
+        opts["cpu_repack"] = True
     return opts
 
 
@@ -129,6 +131,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         context: Optional[int] = typer.Option(None, help="Context size in tokens."),
         threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp."),
         gpu_layers: Optional[int] = typer.Option(None, help="Layers to offload to the GPU (-1 = all)."),
+        cpu_repack: Optional[bool] = typer.Option(
+            None, "--cpu-repack/--no-cpu-repack",
+            help="Let llama.cpp repack weights for this CPU (AMX, AVX layouts). Off by default: "
+            "crashes on some Intel AMX CPUs (llama.cpp issue 20824); `p2pinfer doctor` tries it.",
+        ),
         policy: Optional[str] = typer.Option(None, help="Routing policy: cost, paper, random, round-robin, least-loaded, local."),
         key_file: Optional[str] = typer.Option(None, help="Identity key file (created if missing)."),
         secret: Optional[str] = typer.Option(None, help="Swarm secret (keys the digests)."),

@@ -51,6 +51,9 @@ class NodeSettings:
     threads: int | None = None
     gpu_layers: int | None = None
     """Layers to offload; unset = all when llama.cpp has GPU offload, else 0."""
+    cpu_repack: bool = False
+    """Let llama.cpp repack weights for the CPU (AMX, AVX/NEON layouts). Off by
+    default: the AMX path crashes on some Intel CPUs (llama.cpp issue 20824)."""
     policy: str = "cost"
     key_file: str | None = "~/.p2pinfer/node.key"
     """Persistent libp2p identity; empty for a new identity at every start."""

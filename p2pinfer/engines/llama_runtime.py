@@ -27,7 +27,16 @@ from typing import Any
 import blake3
 import llama_cpp as _ll
 
-__all__ = ["DecodeError", "JobCancelled", "LlamaRuntime", "RestoreError", "SamplerSpec"]
+__all__ = [
+    "CPU_REPACK_UPSTREAM_ISSUE",
+    "DecodeError",
+    "JobCancelled",
+    "LlamaRuntime",
+    "RestoreError",
+    "SamplerSpec",
+    "model_params",
+    "plain_llama",
+]
 
 log = logging.getLogger("p2pinfer.llama")
 
@@ -59,6 +68,53 @@ def _init_backend() -> None:
             _ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
             _ll.llama_backend_init()
             _backend_ready = True
+
+
+CPU_REPACK_UPSTREAM_ISSUE = "https://github.com/ggml-org/llama.cpp/issues/20824"
+"""Why CPU weight repacking is off by default: on Intel AMX CPUs (Sapphire Rapids
+and later) llama.cpp's AMX buffer type crashes in ``ggml_backend_amx_mul_mat``."""
+
+
+def model_params(n_gpu_layers: int, *, cpu_repack: bool = False) -> Any:
+    """llama.cpp model parameters as every p2pinfer engine loads a model.
+
+    ``cpu_repack=False`` sets ``use_extra_bufts = False``: no extra CPU
+    buffer types (the AMX, repacked AVX/NEON and KleidiAI weight layouts).
+    llama.cpp turns them on by default, and on AMX CPUs that path segfaults
+    (:data:`CPU_REPACK_UPSTREAM_ISSUE`, closed without a fix), so a node must
+    opt in. What it costs where repacking works is in docs/results.md.
+    """
+    mparams = _ll.llama_model_default_params()
+    mparams.n_gpu_layers = _ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
+    mparams.use_extra_bufts = bool(cpu_repack)
+    return mparams
+
+
+_plain_lock = threading.Lock()
+
+
+def plain_llama(model_path: str, *, cpu_repack: bool = False, **kwargs: Any) -> Any:
+    """llama-cpp-python's own ``Llama`` (the baseline benchmarks compare with),
+    loaded with the same ``use_extra_bufts`` choice as our engine.
+
+    ``Llama`` has no parameter for it, so its call to
+    ``llama_model_default_params`` is redirected while it loads.
+    """
+    import llama_cpp.llama_cpp as low  # noqa: PLC0415 - the module Llama reads its defaults from
+
+    original = low.llama_model_default_params
+
+    def defaults() -> Any:
+        mparams = original()
+        mparams.use_extra_bufts = bool(cpu_repack)
+        return mparams
+
+    with _plain_lock:
+        low.llama_model_default_params = defaults
+        try:
+            return _ll.Llama(model_path, **kwargs)
+        finally:
+            low.llama_model_default_params = original
 
 
 class DecodeError(RuntimeError):
@@ -93,10 +149,11 @@ class LlamaRuntime:
         n_gpu_layers: int,
         n_threads: int,
         flash_attn: bool | None = None,
+        cpu_repack: bool = False,
     ) -> None:
         _init_backend()
-        mparams = _ll.llama_model_default_params()
-        mparams.n_gpu_layers = _ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
+        mparams = model_params(n_gpu_layers, cpu_repack=cpu_repack)
+        self.cpu_repack = bool(cpu_repack)
         t0 = time.perf_counter()
         model = _ll.llama_model_load_from_file(model_path.encode(), mparams)
         if not model:
