@@ -156,6 +156,7 @@ def run_policy(
         urls = [n.http for n in swarm.nodes]
         t0 = time.perf_counter()
         outcomes = trio.run(drive, urls, requests, concurrency, progress)
+        swarm.check_alive()  # a node that died mid-run: say why, not just "N requests failed"
         run = PolicyRun(policy, outcomes, time.perf_counter() - t0, [n.peer_id for n in swarm.nodes])
         with httpx.Client(timeout=10.0) as client:
             for url in urls:

@@ -57,6 +57,29 @@ class LocalNode:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def death_report(self, lines: int = 12) -> str:
+        """Why the process ended, its last log lines and what to run next.
+
+        A native crash leaves faulthandler's "Fatal Python error" and the
+        crashing thread's stack in the log: those lines, and the log lines
+        just before them, are what a person needs to see.
+        """
+        from .engines.engine_check import describe_exit
+
+        rc = self.process.poll()
+        sig, phrase = describe_exit(rc if rc is not None else 0)
+        log = [ln for ln in self.log_tail(20000).rstrip().splitlines() if not ln.startswith("Extension modules:")]
+        crash = next((i for i, ln in enumerate(log) if ln.startswith("Fatal Python error")), None)
+        shown = log[-lines:] if crash is None else log[max(0, crash - 5) : crash + lines]
+        tail = "\n".join("    " + ln for ln in shown)
+        text = f"node {self.index} {phrase}"
+        if sig is not None:
+            text += " (a crash inside native code such as llama.cpp kills the whole process)"
+        text += f"; from its log ({self.log_path}):\n{tail or '    (empty)'}"
+        if sig is not None or rc == 3:
+            text += "\nRun `p2pinfer doctor` to see which engine configuration works on this machine."
+        return text
+
 
 class LocalSwarm:
     """Start ``n`` nodes; ``with LocalSwarm(...) as swarm:`` stops them on exit."""
@@ -144,7 +167,7 @@ class LocalSwarm:
                 node.info.update(json.loads(ready.read_text()))
                 return
             if not node.alive():
-                raise SwarmError(f"node {node.index} exited with {node.process.returncode}:\n{node.log_tail()}")
+                raise SwarmError(node.death_report())
             time.sleep(0.05)
         raise SwarmError(f"node {node.index} not ready after {self.start_timeout_s:.0f} s:\n{node.log_tail()}")
 
@@ -176,6 +199,12 @@ class LocalSwarm:
         self._wait_ready(node)
         return node
 
+    def check_alive(self) -> None:
+        """Raise :class:`SwarmError` with a death report if any node has exited."""
+        dead = [n for n in self.nodes if not n.alive()]
+        if dead:
+            raise SwarmError("\n".join(n.death_report() for n in dead))
+
     def wait_connected(self, timeout_s: float = 60.0) -> None:
         """Until every node sees every other node as eligible (same model, digest heard)."""
         deadline = time.monotonic() + timeout_s
@@ -190,6 +219,7 @@ class LocalSwarm:
                         counts.append(-1)
                 if all(c >= self.n - 1 for c in counts):
                     return
+                self.check_alive()
                 if time.monotonic() > deadline:
                     raise SwarmError(f"swarm did not connect within {timeout_s:.0f} s (eligible peers per node: {counts})")
                 time.sleep(0.2)

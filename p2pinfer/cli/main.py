@@ -37,6 +37,8 @@ COMMAND_MODULES = [
     "p2pinfer.cli.simulate",
     "p2pinfer.cli.bench_liar",
     "p2pinfer.cli.bench_faults",
+    "p2pinfer.cli.doctor_cmd",
+    "p2pinfer.cli.bench_repack",
 ]
 
 

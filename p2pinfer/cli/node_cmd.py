@@ -63,6 +63,39 @@ def node_config_from_settings(settings: NodeSettings) -> Any:
         raise SettingsError(str(exc)) from None
 
 
+class EngineCheckFailed(RuntimeError):
+    """The engine configuration failed its test generation in a child process."""
+
+
+def preflight_engine(settings: NodeSettings) -> dict[str, Any] | None:
+    """Try this node's llama.cpp configuration in a child before loading it here.
+
+    Returns the check's report, or None when there is nothing to check (another
+    engine, or ``engine_check = false``); raises :class:`EngineCheckFailed` with
+    a message that says what to change.
+    """
+    if settings.engine != "llama-cpp" or not settings.engine_check:
+        return None
+    from ..engines.engine_check import EngineCheck, check_engine
+
+    result = check_engine(EngineCheck("this node's", engine_options(settings)))
+    if result.ok:
+        return result.report
+    advice = []
+    if settings.cpu_repack:
+        advice.append("drop --cpu-repack (CPU weight repacking crashes on some CPUs, llama.cpp issue 20824)")
+    import llama_cpp
+
+    if settings.gpu_layers != 0 and llama_cpp.llama_supports_gpu_offload():
+        advice.append("try --gpu-layers 0 (run on the CPU)")
+    advice.append("run `p2pinfer doctor` to see which configuration works on this machine")
+    tail = "\n".join(result.stderr_tail.strip().splitlines()[-8:])
+    raise EngineCheckFailed(
+        f"{result.error}.\nThe node did not start. To fix: " + "; ".join(advice) + "."
+        + (f"\nLast lines of the check's output:\n{tail}" if tail else "")
+    )
+
+
 async def run_node(settings: NodeSettings, ready_file: str | None = None, quiet: bool = False) -> None:
     """Start the node and its HTTP API; run until cancelled (Ctrl-C)."""
     import trio
@@ -131,6 +164,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         context: Optional[int] = typer.Option(None, help="Context size in tokens."),
         threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp."),
         gpu_layers: Optional[int] = typer.Option(None, help="Layers to offload to the GPU (-1 = all)."),
+        engine_check: Optional[bool] = typer.Option(
+            None, "--engine-check/--no-engine-check",
+            help="Try the llama.cpp configuration in a child process before loading it (default on, about a second).",
+        ),
         cpu_repack: Optional[bool] = typer.Option(
             None, "--cpu-repack/--no-cpu-repack",
             help="Let llama.cpp repack weights for this CPU (AMX, AVX layouts). Off by default: "
@@ -171,12 +208,19 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             )
             for noisy in ("libp2p", "hypercorn.error", "multiaddr"):
                 logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+            import faulthandler
+
+            faulthandler.enable()  # a native crash still leaves the Python stack in the log
+            preflight_engine(settings)
             trio.run(run_node, settings, ready_file, quiet)
         except KeyboardInterrupt:
             raise typer.Exit(0) from None
         except (SettingsError, OSError) as exc:
             typer.secho(f"error: {exc}", err=True, fg="red")
             raise typer.Exit(2) from None
+        except EngineCheckFailed as exc:
+            typer.secho(f"error: {exc}", err=True, fg="red")
+            raise typer.Exit(3) from None
         except Exception as exc:  # noqa: BLE001 - an operator wants one line, not a traceback
             from ..engines.model_files import ModelFileError
             from ..engines.registry import UnknownEngineError

@@ -54,6 +54,10 @@ class NodeSettings:
     cpu_repack: bool = False
     """Let llama.cpp repack weights for the CPU (AMX, AVX/NEON layouts). Off by
     default: the AMX path crashes on some Intel CPUs (llama.cpp issue 20824)."""
+    engine_check: bool = True
+    """Before loading the model, try the engine configuration in a child process
+    (about a second), so a configuration that crashes here is refused with a
+    message instead of killing the node."""
     policy: str = "cost"
     key_file: str | None = "~/.p2pinfer/node.key"
     """Persistent libp2p identity; empty for a new identity at every start."""

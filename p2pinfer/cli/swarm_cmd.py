@@ -46,8 +46,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 try:
                     while all(n.alive() for n in local.nodes):
                         time.sleep(0.5)
-                    dead = [n.index for n in local.nodes if not n.alive()]
-                    console.print(f"[red]node(s) {dead} exited; stopping the swarm[/]")
+                    for dead in (n for n in local.nodes if not n.alive()):
+                        console.print(dead.death_report(), style="red", markup=False)
+                    console.print("stopping the swarm")
                     raise typer.Exit(1)
                 except KeyboardInterrupt:
                     console.print("stopping…")

@@ -299,6 +299,7 @@ class LlamaCppEngine(Engine):
         out.update(
             model_file=str(self.model_path),
             n_gpu_layers=self.n_gpu_layers,
+            model_layers=self._rt.n_layer,
             gpu_offload_supported=self.gpu_offload_supported,
             threads=self.threads,
             batch_size=self.batch_size,

@@ -180,6 +180,7 @@ class LlamaRuntime:
         self.n_ctx = int(_ll.llama_n_ctx(ctx))
         self.n_batch = int(cparams.n_batch)
         self.n_vocab = int(_ll.llama_vocab_n_tokens(self.vocab))
+        self.n_layer = int(_ll.llama_model_n_layer(model))
         self.n_gpu_layers = n_gpu_layers
         self.n_threads = n_threads
         self.flash_attn = flash_attn

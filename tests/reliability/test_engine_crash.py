@@ -1,0 +1,76 @@
+"""A node whose engine crashes is never a silent hole (issue 13).
+
+A crash inside llama.cpp kills the node's process. The HTTP client that was
+talking to it gets an error, not a truncated answer that looks complete;
+the local swarm tools say which node died, by which signal, with the crash
+lines of its log and the doctor hint; and a configuration that crashes in
+the preflight check is refused with advice before the node loads it.
+The crash is a real SIGSEGV sent to the process (or raised by the engine
+check's test hook), since this machine's CPU does not crash by itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import openai
+import pytest
+
+from p2pinfer.local_swarm import LocalSwarm, SwarmError
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+
+def _wait_dead(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, "the node did not die"
+        time.sleep(0.05)
+    return proc.returncode
+
+
+def test_a_crash_mid_stream_is_an_error_at_the_client_and_a_report_in_the_swarm() -> None:
+    with LocalSwarm(1, engine="llama-cpp", node_args=["--threads", "1"]) as swarm:
+        node = swarm.nodes[0]
+        client = openai.OpenAI(base_url=node.http + "/v1", api_key="unused", max_retries=0, timeout=60)
+        stream = client.completions.create(model="default", prompt="Once upon a time", max_tokens=300, stream=True)
+        received = 0
+        with pytest.raises(openai.APIConnectionError):
+            for event in stream:
+                received += 1
+                if received == 3:
+                    os.kill(node.process.pid, signal.SIGSEGV)
+                assert event.choices[0].finish_reason is None, "the stream ended as if it were complete"
+        assert received >= 3
+        assert _wait_dead(node.process) == -signal.SIGSEGV
+        with pytest.raises(SwarmError) as err:
+            swarm.check_alive()
+        report = str(err.value)
+        assert "node 0 was killed by signal 11 (SIGSEGV)" in report
+        assert "Fatal Python error: Segmentation fault" in report  # the crash lines from its log
+        assert "p2pinfer doctor" in report
+
+
+def test_a_configuration_that_crashes_the_engine_check_is_refused_with_advice(tmp_path) -> None:
+    env = dict(os.environ, P2PINFER_TEST_ENGINE_CHECK_SIGNAL="SIGSEGV")
+    cmd = [sys.executable, "-m", "p2pinfer", "node", "--cpu-repack", "--listen", "/ip4/127.0.0.1/tcp/0",
+           "--http-port", "0", "--key-file", "", "--quiet"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "killed by signal 11 (SIGSEGV)" in proc.stderr
+    assert "drop --cpu-repack" in proc.stderr and "p2pinfer doctor" in proc.stderr
+    assert "HTTP API on" not in proc.stderr  # it never started serving
+
+    # Through the local swarm tools: the death report, not a bare exit code.
+    with pytest.raises(SwarmError) as err:
+        LocalSwarm(1, engine="llama-cpp", node_args=["--cpu-repack"], env=env, workdir=tmp_path).start().stop()
+    report = str(err.value)
+    assert "node 0 exited with status 3" in report and "SIGSEGV" in report and "p2pinfer doctor" in report
+
+    # Without the engine check the same settings start (this CPU does not really crash).
+    with LocalSwarm(1, engine="llama-cpp", node_args=["--cpu-repack", "--no-engine-check"], env=env) as swarm:
+        swarm.check_alive()
