@@ -37,7 +37,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--key-file", default="~/.p2pinfer/volunteer.key")
     p.add_argument("--secret", help="swarm secret, if the swarm is private")
     p.add_argument("--ready-file", help="write peer id and addresses as JSON here once serving")
+    p.add_argument("--cpu-repack", action="store_true", help="let llama.cpp repack weights for this CPU (crashes on some Intel AMX CPUs)")
     return p.parse_args()
+
+
+def engine_works_here(options: dict[str, object]) -> bool:
+    """A short test generation in a child process: a crash there is a message here, not a dead node."""
+    from p2pinfer.engines.engine_check import EngineCheck, check_engine
+
+    result = check_engine(EngineCheck("this node's", options))
+    if not result.ok:
+        print(f"error: {result.error}. Run `p2pinfer doctor` to see which configuration works on this machine.")
+    return result.ok
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -46,6 +57,10 @@ async def main(args: argparse.Namespace) -> None:
         options["model_path"] = args.model
     if args.cache_tokens:
         options["cache_tokens"] = args.cache_tokens
+    if args.cpu_repack:
+        options["cpu_repack"] = True
+    if args.engine == "llama-cpp" and not engine_works_here(options):
+        raise SystemExit(3)
     key_file = Path(args.key_file).expanduser()
     key_file.parent.mkdir(parents=True, exist_ok=True)
     config = p2pinfer.NodeConfig(
