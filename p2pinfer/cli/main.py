@@ -23,6 +23,11 @@ app = typer.Typer(
 )
 bench = typer.Typer(help="Benchmarks: each prints a table, or one JSON object with --json.", no_args_is_help=True)
 app.add_typer(bench, name="bench")
+lab = typer.Typer(
+    help="The lab: testbeds and reproductions (network namespaces, published figures); each prints JSON with --json.",
+    no_args_is_help=True,
+)
+app.add_typer(lab, name="lab")
 
 COMMAND_MODULES = [
     "p2pinfer.cli.bench_route",
@@ -58,7 +63,10 @@ def _main(
 
 
 for _name in COMMAND_MODULES:
-    importlib.import_module(_name).register(app, bench)
+    _module = importlib.import_module(_name)
+    _module.register(app, bench)
+    if hasattr(_module, "register_lab"):  # commands under `p2pinfer lab`
+        _module.register_lab(lab)
 
 
 def run() -> None:
