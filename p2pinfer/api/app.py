@@ -18,12 +18,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 import trio
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..engines.base import EngineError, EngineOverloadedError, InvalidRequestError, PromptTooLongError, TokenChunk
+from .auth import ApiKeys, AuthMiddleware
 from .metrics import NodeMetrics
 from .openai_schema import (
     MAX_BODY_BYTES,
@@ -145,8 +147,17 @@ class _Stream:
 Spawn = Callable[..., None]
 
 
-def create_app(node: Node, spawn: Spawn, metrics: NodeMetrics | None = None, limits: ApiLimits | None = None) -> Starlette:
-    """``spawn(fn, *args)`` starts a task in a nursery that outlives requests."""
+def create_app(
+    node: Node,
+    spawn: Spawn,
+    metrics: NodeMetrics | None = None,
+    limits: ApiLimits | None = None,
+    keys: ApiKeys | None = None,
+) -> Starlette:
+    """``spawn(fn, *args)`` starts a task in a nursery that outlives requests.
+
+    With ``keys``, every route needs ``Authorization: Bearer <key>`` except
+    the keys' open routes (:mod:`.auth`)."""
     limits = limits or ApiLimits()
     metrics = metrics or NodeMetrics(lambda: metrics_snapshot(node))
     model_id = node.engine.model_name
@@ -285,6 +296,7 @@ def create_app(node: Node, spawn: Spawn, metrics: NodeMetrics | None = None, lim
             Route("/health", health, methods=["GET"]),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed},
+        middleware=[Middleware(AuthMiddleware, keys=keys)] if keys is not None and keys.enabled else [],
     )
     app.state.metrics = metrics
     app.state.limits = limits

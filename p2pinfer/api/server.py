@@ -10,6 +10,7 @@ from hypercorn.trio import serve
 import trio
 
 from .app import ApiLimits, create_app
+from .auth import ApiKeys
 
 if TYPE_CHECKING:
     from ..node import Node
@@ -25,6 +26,7 @@ async def serve_http(
     port: int = 8000,
     *,
     limits: ApiLimits | None = None,
+    keys: ApiKeys | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the API until cancelled; ``task_status`` gets the bound (host, port).
@@ -36,7 +38,7 @@ async def serve_http(
         def spawn(fn: Any, *args: Any) -> None:
             nursery.start_soon(fn, *args)
 
-        app = create_app(node, spawn, limits=limits)
+        app = create_app(node, spawn, limits=limits, keys=keys)
         config = Config()
         config.bind = [f"{host}:{port}"]
         config.accesslog = None

@@ -10,6 +10,11 @@ import typer
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
+def _auth_headers(api_key: str | None) -> dict[str, str]:
+    key = (api_key or "").split(",")[0].strip()
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def _fail(message: str) -> None:
     typer.secho(f"error: {message}", err=True, fg="red")
     raise typer.Exit(1)
@@ -25,6 +30,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         raw: bool = typer.Option(False, "--raw", help="Plain completion: no chat template."),
         system: Optional[str] = typer.Option(None, help="System message."),
         as_json: bool = typer.Option(False, "--json", help="Print the final routing facts as JSON."),
+        api_key: Optional[str] = typer.Option(None, envvar="P2PINFER_API_KEY", help="The node's API key, if it has one."),
     ) -> None:
         """Send a prompt to a node and stream the answer; says who served it and why."""
         import httpx
@@ -38,7 +44,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             body["messages"] = messages
         facts: dict[str, object] = {}
         try:
-            with httpx.Client(timeout=httpx.Timeout(10.0, read=600.0)) as client:
+            with httpx.Client(timeout=httpx.Timeout(10.0, read=600.0), headers=_auth_headers(api_key)) as client:
                 with client.stream("POST", url.rstrip("/") + path, json=body) as resp:
                     if resp.status_code != 200:
                         resp.read()
@@ -76,12 +82,16 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     def status(
         url: str = typer.Option(DEFAULT_URL, envvar="P2PINFER_URL", help="A node's HTTP API."),
         as_json: bool = typer.Option(False, "--json", help="Print the raw /status JSON."),
+        api_key: Optional[str] = typer.Option(None, envvar="P2PINFER_API_KEY", help="The node's API key, if it has one."),
     ) -> None:
         """Show a node, its cache and its view of the peers."""
         import httpx
 
         try:
-            data = httpx.get(url.rstrip("/") + "/status", timeout=10.0).json()
+            resp = httpx.get(url.rstrip("/") + "/status", timeout=10.0, headers=_auth_headers(api_key))
+            if resp.status_code != 200:
+                _fail(f"HTTP {resp.status_code} from {url}/status: {resp.text[:300]}")
+            data = resp.json()
         except (httpx.HTTPError, ValueError) as exc:
             _fail(f"cannot read {url}/status: {exc}")
             return

@@ -96,6 +96,19 @@ def preflight_engine(settings: NodeSettings) -> dict[str, Any] | None:
     )
 
 
+def api_keys_from_settings(settings: NodeSettings) -> Any:
+    """The API keys (flag/env/config plus the key file), checked against ``http_host``."""
+    from ..api.auth import ApiKeys, ExposureError, check_exposure, load_key_file
+
+    try:
+        keys = list(settings.api_key) + (load_key_file(settings.api_key_file) if settings.api_key_file else [])
+        api_keys = ApiKeys(keys, open_routes=settings.api_open_routes)
+        check_exposure(settings.http_host, api_keys, settings.allow_unauthenticated)
+    except (ValueError, ExposureError) as exc:
+        raise SettingsError(str(exc)) from None
+    return api_keys
+
+
 async def run_node(settings: NodeSettings, ready_file: str | None = None, quiet: bool = False) -> None:
     """Start the node and its HTTP API; run until cancelled (Ctrl-C)."""
     import trio
@@ -103,12 +116,13 @@ async def run_node(settings: NodeSettings, ready_file: str | None = None, quiet:
     from ..api import ApiLimits, serve_http
     from ..node import Node
 
+    keys = api_keys_from_settings(settings)
     config = node_config_from_settings(settings)
     async with Node(config) as node, trio.open_nursery() as nursery:
         host, port = await nursery.start(
             lambda task_status: serve_http(
                 node, settings.http_host, settings.http_port,
-                limits=ApiLimits(settings.max_concurrent), task_status=task_status,
+                limits=ApiLimits(settings.max_concurrent), keys=keys, task_status=task_status,
             )
         )
         info = {
@@ -131,7 +145,8 @@ async def run_node(settings: NodeSettings, ready_file: str | None = None, quiet:
             console.print(f"[bold green]p2pinfer node[/] {node.peer_id}")
             for addr in node.addrs:
                 console.print(f"  libp2p  {addr}")
-            console.print(f"  HTTP    {info['http']}  (OpenAI API under /v1, /status, /metrics)")
+            auth = f"{len(keys)} API key(s)" if keys.enabled else "no API key"
+            console.print(f"  HTTP    {info['http']}  (OpenAI API under /v1, /status, /metrics; {auth})")
             console.print(f"  engine  {node.engine.name}: {node.engine.model_name}; policy {settings.policy}")
             console.print("  Ctrl-C to stop")
         await stop_on_signal()
@@ -178,6 +193,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         secret: Optional[str] = typer.Option(None, help="Swarm secret (keys the digests)."),
         private: Optional[bool] = typer.Option(None, "--private/--public", help="Private swarm: libp2p pre-shared key from the secret."),
         max_concurrent: Optional[int] = typer.Option(None, help="HTTP requests in flight before 503."),
+        api_key: Optional[list[str]] = typer.Option(None, help="API key clients must send as 'Authorization: Bearer KEY' (repeatable)."),
+        api_key_file: Optional[str] = typer.Option(None, help="File of API keys, one per line."),
+        api_open_routes: Optional[list[str]] = typer.Option(None, help="Route that needs no key, e.g. /metrics (repeatable)."),
+        allow_unauthenticated: Optional[bool] = typer.Option(
+            None, "--allow-unauthenticated/--require-key",
+            help="Allow an API without keys on a non-loopback --http-host (a trusted network only).",
+        ),
         log_level: Optional[str] = typer.Option(None, help="DEBUG, INFO, WARNING or ERROR."),
         config: Optional[str] = typer.Option(None, "--config", help="TOML config file (also $P2PINFER_CONFIG)."),
         ready_file: Optional[str] = typer.Option(None, help="Write peer id and addresses as JSON here once serving."),
@@ -193,7 +215,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         flags = dict(locals())
         for name in ("config", "ready_file", "quiet"):
             flags.pop(name)
-        for name in ("listen", "announce", "bootstrap"):
+        for name in ("listen", "announce", "bootstrap", "api_key", "api_open_routes"):
             if not flags[name]:
                 flags[name] = None
         try:
@@ -211,6 +233,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             import faulthandler
 
             faulthandler.enable()  # a native crash still leaves the Python stack in the log
+            api_keys_from_settings(settings)  # a settings error before the engine check's second
             preflight_engine(settings)
             trio.run(run_node, settings, ready_file, quiet)
         except KeyboardInterrupt:

@@ -67,6 +67,14 @@ class NodeSettings:
     log_level: str = "INFO"
     max_concurrent: int = 128
     """HTTP requests in flight before the node answers 503."""
+    api_key: list[str] = field(default_factory=list)
+    """Keys the HTTP API accepts (``Authorization: Bearer KEY``); none = no authentication."""
+    api_key_file: str | None = None
+    """A file of API keys, one per line (added to ``api_key``)."""
+    api_open_routes: list[str] = field(default_factory=list)
+    """Routes that need no key even when keys are set (e.g. /metrics, /health)."""
+    allow_unauthenticated: bool = False
+    """Allow an API without keys on a non-loopback ``http_host`` (a trusted network)."""
 
 
 _FIELDS = {f.name: f for f in fields(NodeSettings)}
