@@ -461,8 +461,9 @@ class Node:
                 attempt.outcome, attempt.message = "failed", str(exc)
                 self.counters.forward_failures += 1
                 self.counters.fallbacks += 1
-                # Stay away until it is heard from again (or expires from the view).
-                self.router.on_busy_refusal(cand.target, time.monotonic())
+                # Out of the view until it is heard from again: it may have
+                # died or restarted, and then what we believed it caches is void.
+                self.router.on_peer_gone(cand.target)
                 log.info("forward to %s lost: %s", cand.target, exc)
                 continue
             except EngineOverloadedError as exc:

@@ -190,3 +190,22 @@ async def test_a_lost_delta_is_healed_by_a_pull_not_by_waiting():
         await wait_for(lambda: a.counters.pulls_done > pulls, 10)
         truth = {h for seq in b.engine.cache.sequences() for h in b.router.hasher.hashes(seq)}
         await wait_for(lambda: a.router.view.get(b.peer_id).hashes == truth, 5)
+
+
+async def test_a_lost_forward_drops_the_peer_from_the_view_until_it_is_heard_from_again():
+    from p2pinfer.core.router import GossipConfig
+
+    # Full digests every 60 s: only a pull brings back B's (true) digest.
+    slow_full = GossipConfig(delta_interval_s=0.05, full_interval_s=60.0, load_interval_s=0.2, peer_ttl_s=30.0)
+    async with Node(fast_config(gossip=slow_full)) as b, Node(fast_config(bootstrap=(b.addrs[0],), gossip=slow_full)) as a:
+        await a.wait_for_peers(1)
+        tokens = list(range(3000, 3320))
+        forge_claim(a, b.peer_id, tokens)
+        b.host.remove_stream_handler(GENERATE_PROTOCOL)  # B still gossips, but no forward reaches it
+        result = await a.complete(tokens, max_tokens=1, prefer=b.peer_id)
+        assert [att.outcome for att in result.attempts] == ["failed", "done"] and result.served_locally
+        # What A believed B caches is gone (a backoff would have kept the forged claim).
+        state = a.router.view.get(b.peer_id)
+        assert state is None or not set(a.router.hasher.hashes(tokens)) & state.hashes
+        # B is heard from again (load report, then a pull of its true digest).
+        await wait_for(lambda: b.peer_id in a.router.view and a.router.view.eligible(a.router.view.get(b.peer_id), time.monotonic()), 10)
