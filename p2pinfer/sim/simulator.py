@@ -1057,7 +1057,9 @@ class Simulator:
             return
         req.retries += 1
         self.retries += 1
+        # A new entry node starts the request afresh: its own attempt limit.
         req.fallbacks = []
+        req.refusals = req.failures = 0
         self._route(req, self.alive[self.rng_entry.randrange(len(self.alive))])
 
     # -- running -------------------------------------------------------------
