@@ -973,8 +973,8 @@ class Simulator:
             req.first_token = self.now + back
             req.served_by = node
             req.reused = job.reused
-            if job.origin is not node:
-                self.at(self.now + back, self._forward_result, job.origin, node, job.predicted, job.reused)
+            if job.origin is not node and self.dir_on:
+                self.at(self.now + back, self._first_token_arrive, job.origin, node)
         else:
             self.orphaned += 1
         decode = self.config.cost.decode_ms(req.output_tokens) / 1000.0
@@ -982,13 +982,17 @@ class Simulator:
         self._compute(node, decode, self._done, node, job)
         self._check_busy(node)
 
-    def _forward_result(self, origin: SimNode, peer: SimNode, predicted: int, realised: int) -> None:
+    def _first_token_arrive(self, origin: SimNode, peer: SimNode) -> None:
         if origin.alive:
-            origin.router.on_forward_result(peer.id, predicted, realised, self.now)
             state = origin.router.view.get(peer.id)
-            if self.dir_on and state is not None and state.rtt_ms is None:
+            if state is not None and state.rtt_ms is None:
                 # A peer known only from an answer: the forward measured its RTT.
                 origin.router.view.set_rtt(peer.id, self.rtt_ms(origin, peer), self.now)
+
+    def _forward_done(self, origin: SimNode, peer: SimNode, predicted: int, realised: int) -> None:
+        """The end of a forward reaches its entry node, with the realised reuse (as a live Done)."""
+        if origin.alive:
+            origin.router.on_forward_result(peer.id, predicted, realised, self.now)
 
     def _done(self, node: SimNode, job: Job) -> None:
         if not node.alive:
@@ -1004,6 +1008,9 @@ class Simulator:
             self.completed.append(req)
             if self.config.record_timeline:
                 self.timeline.append((self.now, req.label, node.idx))
+            if job.origin is not node:
+                back = self.link_s(node, job.origin)
+                self.at(self.now + back, self._forward_done, job.origin, node, job.predicted, job.reused)
             if self.progress is not None and len(self.completed) % 50 == 0:
                 self.progress(len(self.completed), len(self.requests))
             if self.config.concurrency and self._next_send < len(self.requests):
