@@ -307,6 +307,18 @@ class SimNode:
         self.bytes_by_kind: Counter[str] = Counter()
         self.anchors: AnchorTracker | None = None
         self.store: DirectoryStore | None = None
+        self.sanctioned: dict[str, float] = {}
+        """Peer id -> virtual time its sanction ends: until then what it says is dropped
+        (the live node's :class:`~p2pinfer.net.sanctions.PeerSanctions`)."""
+
+    def distrusts(self, peer_id: str, now: float) -> bool:
+        until = self.sanctioned.get(peer_id)
+        if until is None:
+            return False
+        if now >= until:
+            del self.sanctioned[peer_id]
+            return False
+        return True
 
     def load(self) -> Load:
         return Load(self.queued, self.ms_per_token, self.active)
@@ -403,6 +415,9 @@ class Simulator:
         self.refusals = 0
         self.failures = 0
         self.retries = 0
+        self.sanctions = 0
+        self.gossip_dropped = 0
+        """Gossip copies dropped because the receiver sanctions their sender."""
         self.orphaned = 0
         self.joins = 0
         self.leaves = 0
@@ -449,8 +464,7 @@ class Simulator:
     def _add_node(self) -> SimNode:
         idx = len(self.nodes)
         node_id = _peer_id(self.config.seed, idx)
-        cache = RadixTree(self.config.cache_tokens)
-        router = Router(node_id, self.fingerprint, cache, config=self.router_config, seed=self.config.seed * 1_000_003 + idx)
+        router = self._new_router(idx, node_id, RadixTree(self.config.cache_tokens))
         topic = self._assign_topic()
         node = SimNode(idx, node_id, router, self.config.cost, topic, self.now)
         if self.config.policy == "cost":
@@ -477,6 +491,10 @@ class Simulator:
         elif self.gossip_on:
             self._announce_instant(node)
         return node
+
+    def _new_router(self, idx: int, node_id: str, cache: RadixTree) -> Router:
+        """Node ``idx``'s router (the lab overrides this to plant a lying node)."""
+        return Router(node_id, self.fingerprint, cache, config=self.router_config, seed=self.config.seed * 1_000_003 + idx)
 
     def _announce_instant(self, node: SimNode) -> None:
         """Instant gossip: a joining node and the others exchange full digests now."""
@@ -531,6 +549,9 @@ class Simulator:
                 continue
             if loss and rng.random() < loss:
                 self.lost += 1
+                continue
+            if r.sanctioned and r.distrusts(src_id, now):
+                self.gossip_dropped += 1
                 continue
             delivered += 1
             r.bytes_in += per_receiver
@@ -588,7 +609,7 @@ class Simulator:
             load = src.load()
             busy = src.router.is_busy(load)
             for r in alive:
-                if r is src:
+                if r is src or (r.sanctioned and r.distrusts(src.id, now)):
                     continue
                 if digest is not None:
                     self.apply_results[r.router.on_digest(digest, now)] += 1
@@ -822,6 +843,8 @@ class Simulator:
         router = node.router
         now = self.now
         t0 = time.perf_counter_ns()
+        if answer is not None and node.sanctioned:
+            answer = Answer(answer.anchor, tuple(h for h in answer.holders if not node.distrusts(h.holder, now)))
         if answer is not None and answer.holders:
             apply_answer(router.view, answer, now, self.fingerprint_hex)
         bs = router.hasher.block_size
@@ -991,8 +1014,15 @@ class Simulator:
 
     def _forward_done(self, origin: SimNode, peer: SimNode, predicted: int, realised: int) -> None:
         """The end of a forward reaches its entry node, with the realised reuse (as a live Done)."""
-        if origin.alive:
-            origin.router.on_forward_result(peer.id, predicted, realised, self.now)
+        if origin.alive and origin.router.on_forward_result(peer.id, predicted, realised, self.now):
+            self._sanction(origin, peer.id)
+
+    def _sanction(self, node: SimNode, peer_id: str) -> None:
+        """As a live node does: the distrusted peer leaves the view and what it
+        says is dropped for ``distrust_s``, so it cannot come back sooner."""
+        node.router.on_peer_gone(peer_id)
+        node.sanctioned[peer_id] = self.now + self.config.trust.distrust_s
+        self.sanctions += 1
 
     def _done(self, node: SimNode, job: Job) -> None:
         if not node.alive:
