@@ -63,8 +63,15 @@ class RouterConfig:
     issue 6)."""
     busy_backoff_s: float = 2.0
     """How long peers stay away from a node that said it was busy."""
+    max_attempts: int = 3
+    """Peers an entry node tries for one request (the chosen one and its
+    fallbacks, see :mod:`~p2pinfer.core.attempts`) before it serves locally."""
     gossip: GossipConfig = field(default_factory=GossipConfig)
     trust: TrustConfig = field(default_factory=TrustConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
 
 
 class Router:
