@@ -41,6 +41,7 @@ import statistics
 import time
 from typing import Any
 
+from ..core.attempts import Action, Done, Fail, ForwardTo, PeerLost, Refused, RequestAttempts, Sanction, ServeHere
 from ..core.blocks import ModelFingerprint
 from ..core.costmodel import EngineCostModel
 from ..core.digest import Digest, decode_digest
@@ -63,7 +64,7 @@ from ..core.directory import (
     make_query,
 )
 from ..core.peers import Load
-from ..core.policies import LOCAL, POLICIES, CostModel, CostPolicy, LocalState, RouteRequest
+from ..core.policies import POLICIES, CostModel, CostPolicy, Decision, LocalState, RouteRequest
 from ..core.radix import RadixTree
 from ..core.router import GossipConfig, Router, RouterConfig, TrustConfig
 from ..workloads.base import PromptEncoder, TimedRequest
@@ -159,8 +160,8 @@ class SimConfig:
     churn_interval_s: float = 0.0
     """Mean seconds between two node replacements in the swarm (0: no churn)."""
     rejoin_delay_s: float = 5.0
-    max_refusals: int = 2
-    """BUSY refusals (or dead targets) tolerated before serving at the entry."""
+    max_attempts: int = RouterConfig().max_attempts
+    """Peers an entry tries for one request before it serves locally (RouterConfig.max_attempts)."""
     client_retry_s: float = 1.0
     """A client whose entry node died retries at another node after this long."""
     warmup: float = 0.1
@@ -233,9 +234,9 @@ class Req:
     """One client request, across its forwards, refusals and retries."""
 
     __slots__ = (
-        "rid", "arrival", "tokens", "n_tokens", "label", "output_tokens", "entry", "gen", "fallbacks",
-        "first_token", "done", "served_by", "reused", "forwards", "refusals", "failures",
-        "retries", "predicted", "fixed_entry", "hashes", "lookup", "routed_at",
+        "rid", "arrival", "tokens", "n_tokens", "label", "output_tokens", "entry", "gen", "attempts",
+        "first_token", "done", "served_by", "reused", "forwards", "retries", "predicted", "fixed_entry",
+        "hashes", "lookup", "routed_at",
     )
 
     def __init__(self, rid: int, arrival: float, tokens: list[int], label: str, output_tokens: int, fixed_entry: int | None) -> None:
@@ -248,14 +249,13 @@ class Req:
         self.fixed_entry = fixed_entry
         self.entry: SimNode | None = None
         self.gen = 0
-        self.fallbacks: list[tuple[str, int]] = []
+        self.attempts: RequestAttempts | None = None
+        """Its lifecycle at the current entry node (a client retry starts another)."""
         self.first_token: float | None = None
         self.done = False
         self.served_by: SimNode | None = None
         self.reused = 0
         self.forwards = 0
-        self.refusals = 0
-        self.failures = 0
         self.retries = 0
         self.predicted = 0
         self.hashes: list[int] = []
@@ -323,6 +323,10 @@ class SimNode:
     def load(self) -> Load:
         return Load(self.queued, self.ms_per_token, self.active)
 
+    def new_attempts(self, decision: Decision, tokens: list[int], hashes: list[int]) -> RequestAttempts:
+        """The lifecycle of a request entering here (as ``Node.generate`` builds it)."""
+        return RequestAttempts(self.router, decision, tokens, hashes)
+
     def observe_prefill(self, uncached: int, elapsed_s: float, work_s: float, full_speed_ms: float) -> None:
         """Update the reported prefill speed as the live engine does: an
         EWMA (weight 0.25) of measured ms/token, for prefills of 16 tokens or
@@ -362,6 +366,7 @@ class Simulator:
             policy="cost" if config.policy == "oracle" else config.policy,
             busy_queue_ms=config.busy_queue_ms if config.busy_valve else math.inf,
             busy_backoff_s=config.busy_backoff_s,
+            max_attempts=config.max_attempts,
             gossip=config.gossip,
             trust=config.trust,
         )
@@ -854,10 +859,7 @@ class Simulator:
         decision = router.policy.decide(request, local, DirectoryView(router.view, answer, bs), now, router.rng)  # type: ignore[arg-type]
         self.decision_ns.append(time.perf_counter_ns() - t0 + hash_ns)
         self.lookup_ms.append((now - req.routed_at) * 1000.0)
-        if self.config.record_decisions:
-            self.decisions.append((req.rid, node.id, decision.target, decision.predicted_match_tokens))
-        req.fallbacks = [(c.target, c.predicted_match_tokens) for c in decision.candidates[1:]]
-        self._dispatch(req, node, decision.target, decision.predicted_match_tokens)
+        self._begin(req, node, decision, req.hashes)
 
     # -- requests ------------------------------------------------------------
     def _arrive(self, i: int) -> None:
@@ -892,24 +894,36 @@ class Simulator:
             oracle_decision, _ = router.route(req.tokens, node.load(), now)
             router.policy, router.rng = saved, saved_rng
         t0 = time.perf_counter_ns()
-        decision, _ = router.route(req.tokens, node.load(), now)
+        decision, hashes = router.route(req.tokens, node.load(), now)
         self.decision_ns.append(time.perf_counter_ns() - t0)
         if oracle_decision is not None:
             self.shadow_total += 1
             self.shadow_agree += oracle_decision.target == decision.target
-        if self.config.record_decisions:
-            self.decisions.append((req.rid, node.id, decision.target, decision.predicted_match_tokens))
-        req.fallbacks = [(c.target, c.predicted_match_tokens) for c in decision.candidates[1:]]
-        self._dispatch(req, node, decision.target, decision.predicted_match_tokens)
+        self._begin(req, node, decision, hashes)
 
-    def _dispatch(self, req: Req, origin: SimNode, target: str, predicted: int) -> None:
-        req.predicted = predicted
-        if target == LOCAL:
-            self._enqueue(origin, Job(req, origin, predicted))
-            return
-        peer = self.by_id[target]
-        req.forwards += 1
-        self.at(self.now + self.link_s(origin, peer), self._forward_arrive, req, req.gen, origin, peer, predicted)
+    def _begin(self, req: Req, entry: SimNode, decision: Decision, hashes: list[int]) -> None:
+        """The entry's lifecycle of this request: the core's RequestAttempts, as on a live node."""
+        if self.config.record_decisions:
+            self.decisions.append((req.rid, entry.id, decision.target, decision.predicted_match_tokens))
+        req.attempts = entry.new_attempts(decision, req.tokens, hashes)
+        self._act(req, entry, req.attempts.start())
+
+    def _act(self, req: Req, entry: SimNode, actions: list[Action]) -> None:
+        """Carry out the lifecycle's actions on the virtual clock."""
+        for action in actions:
+            if isinstance(action, ForwardTo):
+                req.predicted = predicted = action.predicted_match_tokens
+                peer = self.by_id[action.peer]
+                req.forwards += 1
+                self.at(self.now + self.link_s(entry, peer), self._forward_arrive, req, req.gen, entry, peer, predicted)
+            elif isinstance(action, ServeHere):
+                req.predicted = action.predicted_match_tokens
+                self._enqueue(entry, Job(req, entry, action.predicted_match_tokens))
+            elif isinstance(action, Sanction):
+                self._sanction(entry, action.peer)
+            elif isinstance(action, Fail):  # a simulated entry always serves what falls back to it
+                raise RuntimeError(f"request {req.rid} failed at {entry.id}: {action.message}")
+            # Finish: a request completes where it is served (_done), for the statistics.
 
     def _forward_arrive(self, req: Req, gen: int, origin: SimNode, peer: SimNode, predicted: int) -> None:
         if gen != req.gen or req.done:
@@ -925,27 +939,14 @@ class Simulator:
     def _forward_refused(self, req: Req, gen: int, origin: SimNode, peer: SimNode) -> None:
         if gen != req.gen or not origin.alive:
             return
-        origin.router.on_busy_refusal(peer.id, self.now)
-        req.refusals += 1
         self.refusals += 1
-        self._next_target(req, origin)
+        self._act(req, origin, req.attempts.handle(Refused("BUSY"), self.now))  # type: ignore[union-attr]
 
     def _forward_failed(self, req: Req, gen: int, origin: SimNode, peer: SimNode) -> None:
         if gen != req.gen or not origin.alive:
             return
-        origin.router.on_peer_gone(peer.id)
-        req.failures += 1
         self.failures += 1
-        self._next_target(req, origin)
-
-    def _next_target(self, req: Req, origin: SimNode) -> None:
-        if req.refusals + req.failures <= self.config.max_refusals:
-            if req.fallbacks:
-                # The entry cannot know a fallback died until it tries it.
-                target, predicted = req.fallbacks.pop(0)
-                self._dispatch(req, origin, target, predicted)
-                return
-        self._dispatch(req, origin, LOCAL, origin.cache.match(req.tokens, touch=False))
+        self._act(req, origin, req.attempts.handle(PeerLost(), self.now))  # type: ignore[union-attr]
 
     # -- serving -------------------------------------------------------------
     def _enqueue(self, node: SimNode, job: Job) -> None:
@@ -1012,15 +1013,14 @@ class Simulator:
                 # A peer known only from an answer: the forward measured its RTT.
                 origin.router.view.set_rtt(peer.id, self.rtt_ms(origin, peer), self.now)
 
-    def _forward_done(self, origin: SimNode, peer: SimNode, predicted: int, realised: int) -> None:
+    def _forward_done(self, req: Req, origin: SimNode, realised: int) -> None:
         """The end of a forward reaches its entry node, with the realised reuse (as a live Done)."""
-        if origin.alive and origin.router.on_forward_result(peer.id, predicted, realised, self.now):
-            self._sanction(origin, peer.id)
+        if origin.alive:
+            self._act(req, origin, req.attempts.handle(Done(realised), self.now))  # type: ignore[union-attr]
 
     def _sanction(self, node: SimNode, peer_id: str) -> None:
-        """As a live node does: the distrusted peer leaves the view and what it
-        says is dropped for ``distrust_s``, so it cannot come back sooner."""
-        node.router.on_peer_gone(peer_id)
+        """As a live node does: the lifecycle dropped the distrusted peer from
+        the view; what it says is dropped for ``distrust_s``, so it cannot come back sooner."""
         node.sanctioned[peer_id] = self.now + self.config.trust.distrust_s
         self.sanctions += 1
 
@@ -1038,9 +1038,10 @@ class Simulator:
             self.completed.append(req)
             if self.config.record_timeline:
                 self.timeline.append((self.now, req.label, node.idx))
-            if job.origin is not node:
-                back = self.link_s(node, job.origin)
-                self.at(self.now + back, self._forward_done, job.origin, node, job.predicted, job.reused)
+            if job.origin is node:
+                self._act(req, node, req.attempts.handle(Done(job.reused), self.now))  # type: ignore[union-attr]
+            else:
+                self.at(self.now + self.link_s(node, job.origin), self._forward_done, req, job.origin, job.reused)
             if self.progress is not None and len(self.completed) % 50 == 0:
                 self.progress(len(self.completed), len(self.requests))
             if self.config.concurrency and self._next_send < len(self.requests):
@@ -1094,9 +1095,7 @@ class Simulator:
             return
         req.retries += 1
         self.retries += 1
-        # A new entry node starts the request afresh: its own attempt limit.
-        req.fallbacks = []
-        req.refusals = req.failures = 0
+        # A new entry node starts the request afresh (_route: a new RequestAttempts).
         self._route(req, self.alive[self.rng_entry.randrange(len(self.alive))])
 
     # -- running -------------------------------------------------------------
