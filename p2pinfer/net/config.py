@@ -58,8 +58,6 @@ class NodeConfig:
     max_streams_per_peer: int = 32
     """Generate streams one peer may hold open to this node; the next one is answered
     BUSY ("too many streams") and closed, so one peer cannot take every slot."""
-    max_attempts: int = 3
-    """Peers an origin tries for one request before it serves locally."""
     max_peers: int = 64
     """Connections this node opens itself (inbound ones are not limited here)."""
     request_timeout_s: float = 300.0
@@ -87,7 +85,7 @@ class NodeConfig:
             raise ConfigError("max_hops must be in 1..4")
         if not 4096 <= self.max_frame_bytes <= 64 << 20:
             raise ConfigError("max_frame_bytes must be in 4 KiB..64 MiB")
-        for name in ("max_inflight_forwards", "max_streams_per_peer", "max_attempts", "max_peers"):
+        for name in ("max_inflight_forwards", "max_streams_per_peer", "max_peers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
         for name in ("request_timeout_s", "stall_timeout_s", "connect_timeout_s", "stream_idle_s", "rtt_interval_s"):
