@@ -67,6 +67,7 @@ from ..core.peers import Load
 from ..core.policies import POLICIES, CostModel, CostPolicy, Decision, LocalState, RouteRequest
 from ..core.radix import RadixTree
 from ..core.router import GossipConfig, Router, RouterConfig, TrustConfig
+from ..engines.prompts_ahead import PromptsAhead
 from ..workloads.base import PromptEncoder, TimedRequest
 from .network import (
     DEFAULT_ENVELOPE_BYTES,
@@ -265,7 +266,7 @@ class Req:
 
 
 class Job:
-    __slots__ = ("req", "gen", "origin", "predicted", "estimate", "reused", "in_service", "started", "work_s")
+    __slots__ = ("req", "gen", "origin", "predicted", "estimate", "reused", "in_service", "started", "work_s", "prompt")
 
     def __init__(self, req: Req, origin: SimNode, predicted: int) -> None:
         self.req = req
@@ -276,6 +277,8 @@ class Job:
         self.reused = 0
         self.in_service: list[int] = []
         """Block hashes listed in the node's digest while it serves this job."""
+        self.prompt: list[int] = []
+        """Its tokens, as listed in the node's prompts ahead until it is done."""
         self.started = 0.0
         self.work_s = 0.0
         """Its prefill at full speed (it takes longer on shared cores)."""
@@ -293,6 +296,7 @@ class SimNode:
         self.topic = topic
         self.alive = True
         self.queue: deque[Job] = deque()
+        self.ahead = PromptsAhead()
         self.current: Job | None = None
         self.queued = 0
         """Uncached prompt tokens waiting for or in prefill (Load.queued_prefill_tokens)."""
@@ -953,8 +957,10 @@ class Simulator:
         tokens = job.req.tokens
         router = node.router
         hashes = router.hasher.hashes(tokens)
-        ahead = router.in_service_match(hashes)  # before this job is listed itself
-        job.estimate = len(tokens) - max(node.cache.match(tokens, touch=False), ahead)
+        # As the engines count it: the part neither the cache nor a prompt ahead covers.
+        job.estimate = len(tokens) - max(node.cache.match(tokens, touch=False), node.ahead.covered(tokens))
+        node.ahead.add(tokens)
+        job.prompt = tokens
         job.in_service = router.begin_serving(tokens, hashes=hashes)
         node.queued += job.estimate
         node.active += 1
@@ -1027,6 +1033,7 @@ class Simulator:
     def _done(self, node: SimNode, job: Job) -> None:
         if not node.alive:
             return
+        node.ahead.remove(job.prompt)
         node.active -= 1
         node.current = None
         req = job.req
