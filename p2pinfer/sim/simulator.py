@@ -45,6 +45,7 @@ from ..core.attempts import Action, Done, Fail, ForwardTo, PeerLost, Refused, Re
 from ..core.blocks import ModelFingerprint
 from ..core.costmodel import EngineCostModel
 from ..core.digest import Digest, decode_digest
+from ..core.engine_queue import EngineQueue, Ticket
 from ..core.directory import (
     AnchorCheck,
     Answer,
@@ -67,7 +68,6 @@ from ..core.peers import Load
 from ..core.policies import POLICIES, CostModel, CostPolicy, Decision, LocalState, RouteRequest
 from ..core.radix import RadixTree
 from ..core.router import GossipConfig, Router, RouterConfig, TrustConfig
-from ..engines.prompts_ahead import PromptsAhead
 from ..workloads.base import PromptEncoder, TimedRequest
 from .network import (
     DEFAULT_ENVELOPE_BYTES,
@@ -266,19 +266,18 @@ class Req:
 
 
 class Job:
-    __slots__ = ("req", "gen", "origin", "predicted", "estimate", "reused", "in_service", "started", "work_s", "prompt")
+    __slots__ = ("req", "gen", "origin", "predicted", "ticket", "reused", "in_service", "started", "work_s")
 
     def __init__(self, req: Req, origin: SimNode, predicted: int) -> None:
         self.req = req
         self.gen = req.gen
         self.origin = origin
         self.predicted = predicted
-        self.estimate = 0
+        self.ticket: Ticket | None = None
+        """Its place in the node's EngineQueue."""
         self.reused = 0
         self.in_service: list[int] = []
         """Block hashes listed in the node's digest while it serves this job."""
-        self.prompt: list[int] = []
-        """Its tokens, as listed in the node's prompts ahead until it is done."""
         self.started = 0.0
         self.work_s = 0.0
         """Its prefill at full speed (it takes longer on shared cores)."""
@@ -292,15 +291,12 @@ class SimNode:
         self.id = node_id
         self.router = router
         self.cache = router.cache
-        self.ms_per_token = max(cost.prefill_ms_per_token, 1e-3)
         self.topic = topic
         self.alive = True
         self.queue: deque[Job] = deque()
-        self.ahead = PromptsAhead()
         self.current: Job | None = None
-        self.queued = 0
-        """Uncached prompt tokens waiting for or in prefill (Load.queued_prefill_tokens)."""
-        self.active = 0
+        self.engine = EngineQueue(ms_per_token=cost.prefill_ms_per_token)
+        """Its engine's queue accounting, the very model a live engine keeps."""
         self.busy_flag = False
         self.served = 0
         self.busy_s = 0.0
@@ -325,22 +321,12 @@ class SimNode:
         return True
 
     def load(self) -> Load:
-        return Load(self.queued, self.ms_per_token, self.active)
+        return self.engine.load()
 
     def new_attempts(self, decision: Decision, tokens: list[int], hashes: list[int]) -> RequestAttempts:
         """The lifecycle of a request entering here (as ``Node.generate`` builds it)."""
         return RequestAttempts(self.router, decision, tokens, hashes)
 
-    def observe_prefill(self, uncached: int, elapsed_s: float, work_s: float, full_speed_ms: float) -> None:
-        """Update the reported prefill speed as the live engine does: an
-        EWMA (weight 0.25) of measured ms/token, for prefills of 16 tokens or
-        more. On shared cores a prefill that ran beside others took longer
-        than its work, and the estimate, like a live node's, carries that
-        slowdown; routing then sees the same uneven speeds as in a live run."""
-        if uncached < 16 or work_s <= 0:
-            return
-        measured = full_speed_ms * elapsed_s / work_s
-        self.ms_per_token = max(1e-3, 0.75 * self.ms_per_token + 0.25 * measured)
 
 
 class Simulator:
@@ -957,15 +943,10 @@ class Simulator:
         tokens = job.req.tokens
         router = node.router
         hashes = router.hasher.hashes(tokens)
-        # As the engines count it: the part neither the cache nor a prompt ahead covers.
-        job.estimate = len(tokens) - max(node.cache.match(tokens, touch=False), node.ahead.covered(tokens))
-        node.ahead.add(tokens)
-        job.prompt = tokens
+        job.ticket = node.engine.admit(tokens, node.cache.match(tokens, touch=False))
         job.in_service = router.begin_serving(tokens, hashes=hashes)
-        node.queued += job.estimate
-        node.active += 1
         node.queue.append(job)
-        if node.current is None:
+        if node.engine.can_start():
             self._start(node)
         self._check_busy(node)
 
@@ -976,9 +957,7 @@ class Simulator:
         # One request at a time per node: nothing else inserts into this cache
         # while it runs, so the matched prefix needs no pin.
         reused = node.cache.match(tokens)
-        uncached = len(tokens) - reused
-        node.queued += uncached - job.estimate
-        job.estimate = uncached
+        node.engine.start(job.ticket, reused)  # type: ignore[arg-type]
         job.reused = reused
         duration = self.config.cost.prefill_ms(len(tokens), reused) / 1000.0
         node.busy_s += duration
@@ -989,15 +968,18 @@ class Simulator:
         if not node.alive:
             return
         req = job.req
-        if self.cpu is not None:
-            # Only shared cores slow a prefill down. Without them the EWMA would
-            # still drift in the last bits of a float and flip tied decisions.
-            uncached = len(req.tokens) - job.reused
-            node.observe_prefill(uncached, self.now - job.started, job.work_s, self.config.cost.prefill_ms_per_token)
+        measured = None
+        if self.cpu is not None and job.work_s > 0:
+            # What a live engine measures: on shared cores a prefill that ran
+            # beside others took longer than its work, and the speed estimate
+            # carries that slowdown, so routing sees the same uneven speeds as
+            # in a live run. Only shared cores slow a prefill down; without
+            # them the EWMA would still drift in the last bits of a float and
+            # flip tied decisions.
+            measured = self.config.cost.prefill_ms_per_token * (self.now - job.started) / job.work_s
+        node.engine.prefilled(job.ticket, len(req.tokens) - job.reused, measured)  # type: ignore[arg-type]
         node.cache.insert(req.tokens)
         node.router.end_serving(job.in_service)
-        node.queued -= job.estimate
-        job.estimate = 0
         if job.gen == req.gen and not req.done:
             back = 0.0 if job.origin is node else self.link_s(node, job.origin)
             req.first_token = self.now + back
@@ -1033,8 +1015,7 @@ class Simulator:
     def _done(self, node: SimNode, job: Job) -> None:
         if not node.alive:
             return
-        node.ahead.remove(job.prompt)
-        node.active -= 1
+        node.engine.finish(job.ticket)  # type: ignore[arg-type]
         node.current = None
         req = job.req
         if job.gen == req.gen and not req.done:

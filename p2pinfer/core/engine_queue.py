@@ -1,0 +1,187 @@
+"""One admission and queue model for every engine: what a node's load report says.
+
+Both engines (``simulated`` and ``llama-cpp``) and the simulator's nodes keep
+their queue accounting here, so a simulated node reports its load exactly
+as a live engine does:
+
+* **queued prefill** (``Load.queued_prefill_tokens``): the prompt tokens of
+  every accepted request that its prefill will compute, until that prefill
+  ends. A waiting request counts what neither the cache nor a prompt ahead
+  of it covers: engines cache each prompt when it is served, so a request
+  queued behind another with the same prefix finds that prefix cached when
+  its turn comes. Counting the whole prompt made a node with two
+  same-subject requests queued report several times its real backlog, and
+  its peers then computed the prefix cold elsewhere. When its prefill
+  starts, the estimate becomes the true size (what the cache gives now).
+* **prompts ahead** (:class:`PromptsAhead`): accepted and not finished, in
+  arrival order, in tokens.
+* **speed** (``Load.prefill_ms_per_token``): an EWMA (weight 0.25) of the
+  measured ms per uncached token, for prefills of 16 tokens or more;
+  shorter ones are dominated by fixed costs.
+* **slots**: requests served at once. Every engine serves one at a time
+  today (``slots=1``, first come first served, like one llama.cpp context);
+  the model keeps the count so that an engine batching N requests
+  (continuous batching) can say so: :meth:`can_start` admits a waiting
+  request into prefill while fewer than ``slots`` run.
+
+It only counts: the FIFO gate itself (a trio semaphore in an engine, a
+deque in the simulator) stays with its owner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .peers import Load
+
+__all__ = ["EngineQueue", "PromptsAhead", "QueueFull", "Ticket", "shared_prefix_len"]
+
+SPEED_WEIGHT = 0.25
+"""Weight of the newest measurement in the prefill speed estimate."""
+MIN_TIMED_PREFILL = 16
+"""Prefills shorter than this are dominated by fixed costs; not timed."""
+
+
+def shared_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    if type(a) is not type(b):
+        a, b = list(a), list(b)
+    n = min(len(a), len(b))
+    lo, hi = 0, n
+    # Binary search on slice equality: C-speed comparisons, O(log n) of them.
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class PromptsAhead:
+    """Prompts accepted and not finished, in arrival order."""
+
+    def __init__(self) -> None:
+        self._prompts: list[Sequence[int]] = []
+
+    def __len__(self) -> int:
+        return len(self._prompts)
+
+    def covered(self, tokens: Sequence[int]) -> int:
+        """Leading tokens of ``tokens`` that some prompt ahead will have cached."""
+        return max((shared_prefix_len(p, tokens) for p in self._prompts), default=0)
+
+    def add(self, tokens: Sequence[int]) -> None:
+        self._prompts.append(tokens)
+
+    def remove(self, tokens: Sequence[int]) -> None:
+        """Drop this very sequence (by identity: equal prompts may be queued twice)."""
+        for i, p in enumerate(self._prompts):
+            if p is tokens:
+                del self._prompts[i]
+                return
+
+
+class QueueFull(Exception):
+    """``max_queue`` requests are accepted already; the engine answers BUSY."""
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """One accepted request, from :meth:`EngineQueue.admit` to :meth:`EngineQueue.finish`."""
+
+    tokens: Sequence[int]
+    estimate: int
+    """Its prompt tokens still counted as queued prefill."""
+    started: bool = False
+    finished: bool = False
+
+
+class EngineQueue:
+    """See the module docstring.
+
+    ``ms_per_token`` is the speed reported before any measurement;
+    ``speed_measured`` says whether it is a measurement already (the
+    simulator knows its nodes' speed) or a guess the first measurement
+    replaces (a live engine's default). ``max_reuse(n)``: the most cached
+    tokens a prompt of ``n`` tokens can reuse (llama.cpp evaluates the last
+    two itself); default all of them.
+    """
+
+    def __init__(
+        self,
+        *,
+        ms_per_token: float,
+        speed_measured: bool = True,
+        max_queue: int | None = None,
+        slots: int = 1,
+        max_reuse: Callable[[int], int] | None = None,
+    ) -> None:
+        if slots < 1:
+            raise ValueError("an engine serves at least one request at a time")
+        self.slots = slots
+        self.max_queue = max_queue
+        self.ms_per_token = max(ms_per_token, 1e-3)
+        self.speed_measured = speed_measured
+        self._max_reuse = max_reuse
+        self.ahead = PromptsAhead()
+        self.queued = 0
+        """Uncached prompt tokens waiting for or in prefill."""
+        self.active = 0
+        """Requests accepted and not finished."""
+        self.running = 0
+        """Requests started (in prefill or decode) and not finished."""
+
+    def load(self) -> Load:
+        return Load(max(0, self.queued), self.ms_per_token, self.active)
+
+    def can_start(self) -> bool:
+        return self.running < self.slots
+
+    def admit(self, tokens: Sequence[int], cached: int) -> Ticket:
+        """Accept ``tokens``, of which the cache holds ``cached`` leading ones
+        now (``cache.match(tokens, touch=False)``); raises :class:`QueueFull`."""
+        if self.max_queue is not None and self.active >= self.max_queue:
+            raise QueueFull(f"{self.active} requests queued (limit {self.max_queue})")
+        n = len(tokens)
+        covered = max(cached, self.ahead.covered(tokens))
+        if self._max_reuse is not None:
+            covered = min(covered, self._max_reuse(n))
+        ticket = Ticket(tokens, n - covered)
+        self.ahead.add(tokens)
+        self.active += 1
+        self.queued += ticket.estimate
+        return ticket
+
+    def start(self, ticket: Ticket, reused: int) -> None:
+        """Its prefill starts and will reuse ``reused`` tokens: it counts at its true size."""
+        uncached = len(ticket.tokens) - reused
+        self.queued += uncached - ticket.estimate
+        ticket.estimate = uncached
+        ticket.started = True
+        self.running += 1
+
+    def prefilled(self, ticket: Ticket, uncached: int = 0, ms_per_token: float | None = None) -> None:
+        """Its prefill is done (no longer queued work); ``ms_per_token`` is
+        what it measured for its ``uncached`` tokens, if timed."""
+        self.queued -= ticket.estimate
+        ticket.estimate = 0
+        if ms_per_token is not None and uncached >= MIN_TIMED_PREFILL:
+            if self.speed_measured:
+                self.ms_per_token = max(1e-3, (1 - SPEED_WEIGHT) * self.ms_per_token + SPEED_WEIGHT * ms_per_token)
+            else:
+                self.ms_per_token = max(1e-3, ms_per_token)
+                self.speed_measured = True
+
+    def finish(self, ticket: Ticket) -> None:
+        """Done, failed or cancelled: it leaves the queue (idempotent)."""
+        if ticket.finished:
+            return
+        ticket.finished = True
+        self.ahead.remove(ticket.tokens)
+        self.queued -= ticket.estimate
+        ticket.estimate = 0
+        self.active -= 1
+        if ticket.started:
+            self.running -= 1
