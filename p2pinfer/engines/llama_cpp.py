@@ -41,6 +41,7 @@ import trio
 
 from ..core.blocks import DEFAULT_BLOCK_SIZE, ModelFingerprint
 from ..core.costmodel import EngineCostModel
+from ..core.engine_queue import EngineQueue, QueueFull
 from ..core.peers import Load
 from ..core.radix import RadixTree
 from .base import (
@@ -55,7 +56,6 @@ from .base import (
 )
 from .kv_segments import Segment, SegmentStore
 from .model_files import file_identity, resolve_model_path
-from .prompts_ahead import PromptsAhead
 from .text_stream import TextStream
 
 __all__ = ["LlamaCppEngine"]
@@ -63,8 +63,7 @@ __all__ = ["LlamaCppEngine"]
 log = logging.getLogger("p2pinfer.engines.llama_cpp")
 
 _EWMA = 0.25
-_MIN_TIMED_PREFILL = 16
-"""Prefills shorter than this are dominated by fixed costs; not timed."""
+"""Weight of the newest decode step in the decode speed estimate."""
 
 
 @dataclass(eq=False)
@@ -188,11 +187,10 @@ class LlamaCppEngine(Engine):
         self._lock = trio.Semaphore(1)
         self._limiter = trio.CapacityLimiter(1)  # one thread on the context, even after a cancel
         self._garbage: deque[_Request] = deque()
-        self._max_queue = max_queue
-        self._active = 0
-        self._queued_prefill = 0
-        self._ahead = PromptsAhead()
-        self._prefill_ms: float | None = None
+        # Until its first timed prefill it reports the calibrated default speed.
+        self.queue = EngineQueue(
+            ms_per_token=EngineCostModel().prefill_ms_per_token, speed_measured=False, max_queue=max_queue, max_reuse=_max_reuse
+        )
         self._decode_ms: float | None = None
         self._closed = False
 
@@ -287,12 +285,7 @@ class LlamaCppEngine(Engine):
 
     # -- load --------------------------------------------------------------------
     def load(self) -> Load:
-        default = EngineCostModel().prefill_ms_per_token
-        return Load(
-            queued_prefill_tokens=max(0, self._queued_prefill),
-            prefill_ms_per_token=self._prefill_ms if self._prefill_ms is not None else default,
-            active_requests=self._active,
-        )
+        return self.queue.load()
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
@@ -309,7 +302,7 @@ class LlamaCppEngine(Engine):
             cache_bytes=self.cache_bytes(),
             cache_spans=len(self._store),
             kv_bytes_per_token=self.bytes_per_token,
-            prefill_ms_per_token=self._prefill_ms,
+            prefill_ms_per_token=self.queue.ms_per_token if self.queue.speed_measured else None,
             decode_ms_per_token=self._decode_ms,
         )
         return out
@@ -395,16 +388,13 @@ class LlamaCppEngine(Engine):
         if self._closed:
             raise EngineError("the engine is closed")
         self.validate_tokens(tokens, params)
-        if self._active >= self._max_queue:
-            raise EngineOverloadedError(f"{self._active} requests queued (limit {self._max_queue})")
         req = _Request(list(tokens), params)
         n = len(req.tokens)
         t0 = time.perf_counter()
-        covered = max(self._cache.match(req.tokens, touch=False), self._ahead.covered(req.tokens))
-        estimate = n - min(covered, _max_reuse(n))
-        self._ahead.add(req.tokens)
-        self._active += 1
-        self._queued_prefill += estimate
+        try:
+            ticket = self.queue.admit(req.tokens, self._cache.match(req.tokens, touch=False))
+        except QueueFull as exc:
+            raise EngineOverloadedError(str(exc)) from None
         pin = None
         finished = False
         try:
@@ -413,6 +403,7 @@ class LlamaCppEngine(Engine):
                     raise EngineError("the engine is closed")
                 queue_s = time.perf_counter() - t0
                 matched = min(self._cache.match(req.tokens), _max_reuse(n))
+                self.queue.start(ticket, matched)
                 pin = self._cache.pin(req.tokens[:matched])
                 plan = [(seg, seg.blob, upto) for seg, upto in self._store.plan(req.tokens, matched)]
                 trims = [(s, s.blob, s.start, s.end) for s in self._store.stale() if s.blob is not None]
@@ -425,12 +416,8 @@ class LlamaCppEngine(Engine):
                         self._store.replace_blob(seg, blob, start, end)
                 if pre.restore_error:
                     log.warning("cached prefix not restored, recomputed: %s", pre.restore_error)
-                self._queued_prefill -= estimate
-                estimate = 0
                 new = n - pre.reused
-                if new >= _MIN_TIMED_PREFILL:
-                    ms = pre.prefill_s * 1000 / new
-                    self._prefill_ms = ms if self._prefill_ms is None else (1 - _EWMA) * self._prefill_ms + _EWMA * ms
+                self.queue.prefilled(ticket, new, pre.prefill_s * 1000 / new if new else None)
                 ttft = time.perf_counter() - t0
 
                 text = TextStream(params.stop)
@@ -495,9 +482,7 @@ class LlamaCppEngine(Engine):
             if pin is not None:
                 self._cache.unpin(pin)
             self._garbage.append(req)
-            self._ahead.remove(req.tokens)
-            self._queued_prefill -= estimate
-            self._active -= 1
+            self.queue.finish(ticket)
 
     def _drop_phantoms(self) -> None:
         """Take out of the tree what was put there without a saved span."""

@@ -19,10 +19,10 @@ import trio
 
 from ..core.blocks import DEFAULT_BLOCK_SIZE, ModelFingerprint
 from ..core.costmodel import EngineCostModel
+from ..core.engine_queue import EngineQueue, QueueFull
 from ..core.peers import Load
 from ..core.radix import RadixTree
 from .approx_tokenizer import ApproxTokenizer
-from .prompts_ahead import PromptsAhead
 from .base import (
     ChatMessage,
     Engine,
@@ -63,10 +63,8 @@ class SimulatedEngine(Engine):
         self._context = context_size
         self.cost = (cost or EngineCostModel()).scaled(speed) if speed != 1.0 else (cost or EngineCostModel())
         self._lock = trio.Lock()  # FIFO: one request at a time, like one llama.cpp context
-        self._queued_prefill = 0
-        self._ahead = PromptsAhead()
-        self._active = 0
-        self._max_queue = max_queue
+        # Its speed is its cost model's, known: nothing to measure.
+        self.queue = EngineQueue(ms_per_token=self.cost.prefill_ms_per_token, max_queue=max_queue)
 
     @property
     def fingerprint(self) -> ModelFingerprint:
@@ -95,39 +93,30 @@ class SimulatedEngine(Engine):
         return self.tokenize(text + "<|im_start|>assistant\n")
 
     def load(self) -> Load:
-        return Load(
-            queued_prefill_tokens=self._queued_prefill,
-            prefill_ms_per_token=max(self.cost.prefill_ms_per_token, 1e-3),
-            active_requests=self._active,
-        )
+        return self.queue.load()
 
     async def generate(
         self, tokens: Sequence[int], params: GenerationParams
     ) -> AsyncIterator[TokenChunk | GenerationRecord]:
         self.validate_tokens(tokens, params)
-        if self._active >= self._max_queue:
-            raise EngineOverloadedError(f"{self._active} requests queued (limit {self._max_queue})")
         tokens = list(tokens)
         t0 = time.perf_counter()
-        estimate = len(tokens) - max(self._cache.match(tokens, touch=False), self._ahead.covered(tokens))
-        self._ahead.add(tokens)
-        self._active += 1
-        self._queued_prefill += estimate
+        try:
+            ticket = self.queue.admit(tokens, self._cache.match(tokens, touch=False))
+        except QueueFull as exc:
+            raise EngineOverloadedError(str(exc)) from None
         try:
             async with self._lock:
                 queue_s = time.perf_counter() - t0
                 reused = self._cache.match(tokens)
-                # The request in prefill still counts (Load.queued_prefill_tokens), at its true size.
-                self._queued_prefill += (len(tokens) - reused) - estimate
-                estimate = len(tokens) - reused
+                self.queue.start(ticket, reused)
                 pin = self._cache.pin(tokens[:reused])
                 try:
                     await trio.sleep(self.cost.prefill_ms(len(tokens), reused) / 1000)
                     self._cache.insert(tokens)
                 finally:
                     self._cache.unpin(pin)
-                self._queued_prefill -= estimate
-                estimate = 0
+                self.queue.prefilled(ticket)
                 ttft = time.perf_counter() - t0
                 out: list[int] = []
                 # Echo pieces of the prompt: deterministic for greedy decoding.
@@ -147,6 +136,4 @@ class SimulatedEngine(Engine):
                     queue_s=queue_s,
                 )
         finally:
-            self._ahead.remove(tokens)
-            self._queued_prefill -= estimate
-            self._active -= 1
+            self.queue.finish(ticket)

@@ -1,0 +1,75 @@
+"""The engines' queue model: what a FIFO engine will have cached when a queued request starts."""
+
+from __future__ import annotations
+
+from hypothesis import given, strategies as st
+import pytest
+
+from p2pinfer.core.engine_queue import EngineQueue, PromptsAhead, QueueFull, shared_prefix_len
+
+tokens = st.lists(st.integers(0, 3), max_size=40)
+
+
+@given(tokens, tokens)
+def test_shared_prefix_len_is_the_first_mismatch(a: list[int], b: list[int]) -> None:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    assert shared_prefix_len(a, b) == n == shared_prefix_len(tuple(b), a)
+
+
+def test_prompts_ahead_covers_by_the_longest_and_forgets_by_identity() -> None:
+    ahead = PromptsAhead()
+    one, two, same_as_two = [1, 2, 3, 4], [1, 2, 9], [1, 2, 9]
+    assert ahead.covered([1, 2, 3]) == 0
+    ahead.add(one)
+    ahead.add(two)
+    ahead.add(same_as_two)
+    assert ahead.covered([1, 2, 3, 4, 5]) == 4 and ahead.covered([1, 2, 9, 9]) == 3
+    ahead.remove(one)
+    assert ahead.covered([1, 2, 3, 4, 5]) == 2
+    ahead.remove(two)
+    assert len(ahead) == 1 and ahead.covered([1, 2, 9]) == 3  # the equal one is still queued
+
+
+def test_queued_prefill_counts_what_neither_cache_nor_a_prompt_ahead_covers() -> None:
+    q = EngineQueue(ms_per_token=4.0, max_queue=2)
+    first, second = list(range(100)), list(range(80)) + [7] * 20
+    a = q.admit(first, cached=10)
+    b = q.admit(second, cached=0)  # 80 tokens of it will be cached by `first`
+    assert q.load().queued_prefill_tokens == 90 + 20 and q.load().active_requests == 2
+    with pytest.raises(QueueFull):
+        q.admit([1, 2, 3], cached=0)
+    q.start(a, reused=30)  # the cache grew meanwhile: it counts at its true size
+    assert q.load().queued_prefill_tokens == 70 + 20 and not q.can_start()
+    q.prefilled(a, 70, ms_per_token=8.0)
+    assert q.load().queued_prefill_tokens == 20 and q.ms_per_token == 0.75 * 4.0 + 0.25 * 8.0
+    q.finish(a)
+    q.finish(a)  # idempotent
+    assert q.can_start() and q.load().active_requests == 1
+    q.finish(b)  # cancelled before it started
+    assert (q.load().queued_prefill_tokens, q.load().active_requests, q.running) == (0, 0, 0)
+
+
+def test_a_guessed_speed_is_replaced_by_the_first_timed_prefill_and_short_ones_are_not_timed() -> None:
+    q = EngineQueue(ms_per_token=4.35, speed_measured=False, max_reuse=lambda n: n - 2)
+    t = q.admit(list(range(20)), cached=20)
+    assert t.estimate == 2  # the engine evaluates the last two tokens itself
+    q.start(t, 18)
+    q.prefilled(t, 15, ms_per_token=1.0)
+    assert q.ms_per_token == 4.35  # 15 tokens: fixed costs dominate
+    t2 = q.admit(list(range(50)), cached=0)
+    q.start(t2, 0)
+    q.prefilled(t2, 50, ms_per_token=2.0)
+    assert q.ms_per_token == 2.0 and q.speed_measured
+
+
+def test_slots_bound_what_runs_at_once() -> None:
+    q = EngineQueue(ms_per_token=1.0, slots=2)
+    tickets = [q.admit([i] * 20, cached=0) for i in range(3)]
+    q.start(tickets[0], 0)
+    assert q.can_start()
+    q.start(tickets[1], 0)
+    assert not q.can_start() and q.running == 2
+    q.finish(tickets[0])
+    assert q.can_start()
