@@ -195,7 +195,8 @@ class Node:
 
         self.forward_server = ForwardServer(
             engine=self.engine,
-            router=self.router,
+            fingerprint=self.router.fingerprint_hex,
+            serve=self.serve_here,
             config=config,
             counters=self.counters,
             self_id=self.peer_id,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 import logging
 import time
@@ -31,11 +32,11 @@ from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from ..core.router import Router
 from ..engines.base import (
     Engine,
     EngineError,
     EngineOverloadedError,
+    GenerationParams,
     GenerationRecord,
     InvalidRequestError,
     PromptTooLongError,
@@ -81,12 +82,22 @@ class DeadlineExceeded(Exception):
 # -- serving side -------------------------------------------------------------------------
 
 
+ServeHere = Callable[[list[int], GenerationParams, float], AsyncIterator[TokenChunk | GenerationRecord]]
+"""``serve(tokens, params, deadline)``: run a request on this node's engine
+(the node's one serving path, shared with its local requests); ``deadline``
+on the trio clock, :class:`DeadlineExceeded` past it."""
+
+
 class ForwardServer:
+    """Answers forwarded requests with ``serve``; ``is_busy()`` is the node's
+    valve (queued work over the threshold, or every forwarding slot taken)."""
+
     def __init__(
         self,
         *,
         engine: Engine,
-        router: Router,
+        fingerprint: str,
+        serve: ServeHere,
         config: NodeConfig,
         counters: NodeCounters,
         self_id: str,
@@ -94,7 +105,8 @@ class ForwardServer:
         other_models: OtherModels | None = None,
     ) -> None:
         self.engine = engine
-        self.router = router
+        self.fingerprint = fingerprint
+        self._serve = serve
         self.config = config
         self.counters = counters
         self.self_id = self_id
@@ -163,7 +175,7 @@ class ForwardServer:
         try:
             req = decode_request(
                 data,
-                fingerprint=self.router.fingerprint_hex,
+                fingerprint=self.fingerprint,
                 max_hops=self.config.max_hops,
                 max_tokens=self.engine.context_size,
             )
@@ -179,35 +191,33 @@ class ForwardServer:
         except InvalidRequestError as exc:
             self._refused("BAD_REQUEST", rejected_frame=True)
             return await _try_write(stream, encode_error("BAD_REQUEST", str(exc)))
-        if self._is_busy() or self.inflight >= self.config.max_inflight_forwards:
+        if self._is_busy():
             self._refused("BUSY")
             load = self.engine.load()
             msg = f"{load.queued_prefill_tokens} prefill tokens queued, {self.inflight} forwards in flight"
             return await _try_write(stream, encode_error("BUSY", msg))
         budget = req.deadline_ms / 1000 if req.deadline_ms else self.config.request_timeout_s
+        deadline = trio.current_time() + budget
         self.inflight += 1
         try:
             record: GenerationRecord | None = None
-            with trio.move_on_after(budget) as scope:
-                gen = self.engine.generate(req.tokens, req.params)
-                in_service = self.router.begin_serving(req.tokens)
-                try:
-                    async for item in gen:
+            # The scope also bounds writing to a slow origin.
+            with trio.move_on_at(deadline) as scope:
+                async with aclosing(self._serve(req.tokens, req.params, deadline)) as items:
+                    async for item in items:
                         if isinstance(item, TokenChunk):
                             await write_frame(stream, encode_chunk(item))
                         else:
                             record = item
-                finally:
-                    try:
-                        await gen.aclose()
-                    finally:
-                        self.router.end_serving(in_service)
             if scope.cancelled_caught or record is None:
                 self._refused("DEADLINE")
                 return await _try_write(stream, encode_error("DEADLINE", f"not done within {budget:.3f} s"))
             await write_frame(stream, encode_done(record, self.self_id))
             self.counters.forwards_served += 1
             return True
+        except DeadlineExceeded:
+            self._refused("DEADLINE")
+            return await _try_write(stream, encode_error("DEADLINE", f"not done within {budget:.3f} s"))
         except StreamBroken as exc:
             log.debug("origin %s went away mid-answer: %s", req.origin, exc)
             return False
