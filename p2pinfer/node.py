@@ -175,7 +175,7 @@ class Node:
         self.peer_id = ID.from_pubkey(key_pair.public_key).to_base58()
         router_cls = Router
         if config.debug_overclaim:  # a lying node, for tests and `bench liar` only
-            from .net.lying import LyingRouter
+            from .lab.lying import LyingRouter
 
             router_cls = LyingRouter
             log.warning("debug_overclaim: this node advertises prefixes it does not hold (test only)")

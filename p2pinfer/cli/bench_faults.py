@@ -134,7 +134,7 @@ def run_faults(
     import httpx
     import trio
 
-    from ..local_swarm import LocalSwarm
+    from ..lab.local_swarm import LocalSwarm
 
     rng = random.Random(seed)
     prefixes = [group_prefix(g, prefix_words) for g in range(groups)]

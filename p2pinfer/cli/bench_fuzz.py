@@ -8,14 +8,14 @@ import typer
 
 
 def run_fuzz(targets: list[str], count: int, seed: int) -> dict[str, object]:
-    from ..fuzz import TARGETS, fuzz_target
+    from ..lab.fuzz import TARGETS, fuzz_target
 
     reports = [fuzz_target(t, count, seed).as_dict() for t in targets if t in TARGETS]
     if "http" in targets:
         import trio
 
-        from ..fuzz import fuzz_http
-        from ..local_swarm import LocalSwarm
+        from ..lab.fuzz import fuzz_http
+        from ..lab.local_swarm import LocalSwarm
 
         with LocalSwarm(1, engine="simulated") as swarm:
             report = trio.run(fuzz_http, swarm.nodes[0].http, count, seed)

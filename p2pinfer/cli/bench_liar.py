@@ -63,7 +63,7 @@ class LiarSwarm:
 
     def __init__(self, scenario: str, *, prefix_tokens: int, suffix_tokens: int, speed: float, policy: str) -> None:
         from ..core.router import GossipConfig, RouterConfig, TrustConfig
-        from ..net.testing import NodeProcess, fast_config
+        from ..lab.node_process import NodeProcess, fast_config
 
         self.scenario = scenario
         # The default schedule: a node then idles at about 4 % of a core (the
@@ -162,7 +162,7 @@ def run_side_by_side(
     scenario alike. Returns per scenario the request records and the
     nodes' final status.
     """
-    from ..net.testing import wait_until
+    from ..lab.node_process import wait_until
 
     seeds, plan = workload(seed, groups, prefix_tokens, suffix_tokens, requests)
     swarms: dict[str, LiarSwarm] = {}

@@ -67,7 +67,7 @@ def run_load(nodes: int, clients: int, duration_s: float, max_tokens: int, seed:
     import httpx
     import trio
 
-    from ..local_swarm import LocalSwarm
+    from ..lab.local_swarm import LocalSwarm
     from ..workloads.mmlu import MMLUWorkload, load_mmlu
 
     workload = MMLUWorkload(load_mmlu()[:8], seed=seed)

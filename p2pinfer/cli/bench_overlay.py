@@ -1,6 +1,6 @@
 """``p2pinfer bench overlay``: what the overlay itself costs, on loopback.
 
-Nodes are separate processes (``p2pinfer.net.testing_node``) running the
+Nodes are separate processes (``p2pinfer.lab.scripted_node``) running the
 simulated engine at zero cost, so every millisecond measured is overlay:
 libp2p, framing, protobuf, routing. Three figures:
 
@@ -57,7 +57,7 @@ def run_overlay_bench(
     from ..core.router import GossipConfig, RouterConfig
     from ..engines.simulated import SimulatedEngine
     from ..net.config import NodeConfig
-    from ..net.testing import NodeProcess, wait_until
+    from ..lab.node_process import NodeProcess, wait_until
 
     rng = random.Random(seed)
     gossip = GossipConfig()  # the defaults a real swarm runs with

@@ -87,8 +87,8 @@ def run_live_experiment(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..live_bench import mmlu_live_requests, outcomes_json, run_policy, summarise
-    from ..live_sim import predict_live_run
+    from ..lab.live_bench import mmlu_live_requests, outcomes_json, run_policy, summarise
+    from ..lab.live_sim import predict_live_run
 
     console = Console(stderr=True, quiet=quiet)
     reqs, meta = mmlu_live_requests(requests, nodes, max_subjects=subjects, seed=seed, max_tokens=max_tokens)
@@ -227,7 +227,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         relay_delay = None
         network: dict[str, Any] = {"kind": "loopback"}
         if delay_ms is not None:
-            from ..netns import NetemSetup, NetnsUnavailable
+            from ..lab.netns import NetemSetup, NetnsUnavailable
 
             try:
                 netem = NetemSetup(nodes, delay_ms)
@@ -237,7 +237,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 netem = None
                 relay_delay = delay_ms
                 network = {
-                    "kind": "loopback through userspace delay relays (p2pinfer.delay_proxy)",
+                    "kind": "loopback through userspace delay relays (p2pinfer.lab.delay_proxy)",
                     "requested_one_way_delay_ms": delay_ms,
                     "netem_unavailable": str(exc),
                 }
@@ -270,7 +270,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
 def replay_result(path: Path, cores: float | None = None) -> dict[str, Any]:
     """Every policy of a saved ``bench swarm --out`` JSON through the simulator again."""
-    from ..live_bench import mmlu_live_requests
+    from ..lab.live_bench import mmlu_live_requests
 
     data = json.loads(path.read_text())
     try:
@@ -283,7 +283,7 @@ def replay_result(path: Path, cores: float | None = None) -> dict[str, Any]:
         raise ValueError(f"{path}: not the JSON that 'bench swarm --out' writes ({exc})") from None
     if meta["subjects"] != names:
         raise ValueError(f"{path}: its subjects {names} are not what this version chooses ({meta['subjects']})")
-    from ..live_sim import predict_live_run
+    from ..lab.live_sim import predict_live_run
 
     out = []
     for p in policies:
@@ -335,7 +335,7 @@ def budget_note(subjects: int, nodes: int, budget: int) -> str:
 
 
 def _run_or_exit(**kwargs: Any) -> dict[str, Any]:
-    from ..local_swarm import SwarmError
+    from ..lab.local_swarm import SwarmError
 
     try:
         return run_live_experiment(**kwargs)

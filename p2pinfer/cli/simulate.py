@@ -206,7 +206,7 @@ def experiment(
     as_json: bool = typer.Option(False, "--json", help="Print the experiment's JSON."),
 ) -> None:
     """Run one experiment of issue 6 and write <out>/<name>.json and <name>.png."""
-    from ..sim.experiments import EXPERIMENTS
+    from ..lab.sim_experiments import EXPERIMENTS
 
     if name not in EXPERIMENTS:
         raise typer.BadParameter(f"choose from {', '.join(EXPERIMENTS)}", param_hint="NAME")

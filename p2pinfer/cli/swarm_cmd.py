@@ -22,7 +22,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from ..local_swarm import LocalSwarm, SwarmError
+        from ..lab.local_swarm import LocalSwarm, SwarmError
 
         args: list[str] = []
         if model:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from p2pinfer.core.costmodel import EngineCostModel
-from p2pinfer.live_bench import LiveRequest
-from p2pinfer.live_sim import fit_engine_timing, full_speed_work, live_cost_model, predict_live_run, simulate_live_run
+from p2pinfer.lab.live_bench import LiveRequest
+from p2pinfer.lab.live_sim import fit_engine_timing, full_speed_work, live_cost_model, predict_live_run, simulate_live_run
 
 HEADER = "The following are multiple choice questions (with answers) about anatomy. " * 20
 
@@ -96,7 +96,7 @@ def test_engine_timing_fit_refuses_too_few_or_unphysical_samples() -> None:
 
 
 def test_live_requests_by_subject_name_use_exactly_those_subjects() -> None:
-    from p2pinfer.live_bench import mmlu_live_requests
+    from p2pinfer.lab.live_bench import mmlu_live_requests
 
     reqs, meta = mmlu_live_requests(20, 3, subjects=["anatomy", "philosophy"], seed=2)
     assert meta["subjects"] == ["anatomy", "philosophy"]

@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from p2pinfer.live_bench import mmlu_live_requests
-from p2pinfer.local_swarm import LocalSwarm
+from p2pinfer.lab.live_bench import mmlu_live_requests
+from p2pinfer.lab.local_swarm import LocalSwarm
 
 pytestmark = pytest.mark.model
 

@@ -12,7 +12,7 @@ import time
 
 import httpx
 
-from p2pinfer.local_swarm import LocalSwarm
+from p2pinfer.lab.local_swarm import LocalSwarm
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from p2pinfer.net.config import NodeConfig
-from p2pinfer.net.testing import NodeProcess, fast_config, wait_until
+from p2pinfer.lab.node_process import NodeProcess, fast_config, wait_until
 
 
 class Cluster:

@@ -1,6 +1,6 @@
 """Three (or four) node processes on loopback: the overlay end to end.
 
-Every node is a real ``p2pinfer.net.testing_node`` process with its own
+Every node is a real ``p2pinfer.lab.scripted_node`` process with its own
 libp2p host (TCP, Noise, Yamux) and a simulated engine; A and C know only
 B's address at start. Timing is never asserted except where the protocol
 promises a bound (convergence within two full-digest intervals, leaving the
@@ -15,7 +15,7 @@ import time
 import pytest
 
 from p2pinfer.core.router import GossipConfig
-from p2pinfer.net.testing import RemoteCallError, fast_config, wait_until
+from p2pinfer.lab.node_process import RemoteCallError, fast_config, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from p2pinfer.net.testing import fast_config, wait_until
+from p2pinfer.lab.node_process import fast_config, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import trio
 
 from p2pinfer.engines.base import InvalidRequestError, TokenChunk
 from p2pinfer.net.forward import GENERATE_PROTOCOL
-from p2pinfer.net.testing import fast_config, wait_for
+from p2pinfer.lab.node_process import fast_config, wait_for
 from p2pinfer.node import GenerateResult, Node, NodeError, RequestFailed, SyncNode
 
 

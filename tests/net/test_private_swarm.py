@@ -14,7 +14,7 @@ import pytest
 
 from p2pinfer.core.blocks import BlockHasher
 from p2pinfer.engines.simulated import SimulatedEngine
-from p2pinfer.net.testing import fast_config, wait_until
+from p2pinfer.lab.node_process import fast_config, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import trio
 
 from p2pinfer.core.router import GossipConfig, RouterConfig, TrustConfig
 from p2pinfer.net.sanctions import PUBLISH_THRESHOLD
-from p2pinfer.net.testing import fast_config, wait_for
+from p2pinfer.lab.node_process import fast_config, wait_for
 from p2pinfer.node import Node
 
 

@@ -7,7 +7,7 @@ import logging
 from p2pinfer.core.blocks import ModelFingerprint
 from p2pinfer.core.digest import Digest
 from p2pinfer.core.radix import RadixTree
-from p2pinfer.net.lying import LyingRouter
+from p2pinfer.lab.lying import LyingRouter
 from p2pinfer.net.other_models import OtherModels
 from p2pinfer.net.sanctions import DECAY_PER_S, PUBLISH_THRESHOLD, PeerSanctions, gossip_score_params, penalty_lasting
 from p2pinfer.net.wire import fingerprint_in_message, mismatch_message

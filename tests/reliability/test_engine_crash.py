@@ -20,7 +20,7 @@ import time
 import openai
 import pytest
 
-from p2pinfer.local_swarm import LocalSwarm, SwarmError
+from p2pinfer.lab.local_swarm import LocalSwarm, SwarmError
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

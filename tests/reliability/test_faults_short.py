@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from p2pinfer.cli.bench_faults import expected_text, group_prefix, run_faults
-from p2pinfer.local_swarm import LocalSwarm
+from p2pinfer.lab.local_swarm import LocalSwarm
 
 pytestmark = pytest.mark.slow
 

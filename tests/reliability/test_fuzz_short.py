@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from p2pinfer.cli.bench_fuzz import run_fuzz
-from p2pinfer.fuzz import fuzz_target
+from p2pinfer.lab.fuzz import fuzz_target
 
 
 @pytest.mark.parametrize("target", ["digest", "request", "response", "gossip"])

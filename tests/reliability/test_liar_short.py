@@ -13,7 +13,7 @@ import pytest
 
 from p2pinfer.cli.bench_liar import LiarSwarm, workload
 from p2pinfer.net.sanctions import PUBLISH_THRESHOLD
-from p2pinfer.net.testing import wait_until
+from p2pinfer.lab.node_process import wait_until
 
 pytestmark = pytest.mark.slow
 

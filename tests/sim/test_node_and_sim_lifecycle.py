@@ -12,7 +12,7 @@ from typing import Any
 from p2pinfer.core import LOCAL, Load
 from p2pinfer.core.attempts import DeadlinePassed, Done, Event, PeerLost, Refused
 from p2pinfer.core.policies import Candidate, Decision
-from p2pinfer.net.testing import fast_config
+from p2pinfer.lab.node_process import fast_config
 from p2pinfer.node import Node
 from p2pinfer.sim import SimConfig, Simulator
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from p2pinfer.core.radix import RadixTree
 from p2pinfer.core.router import Router, TrustConfig
-from p2pinfer.net.lying import LyingRouter
+from p2pinfer.lab.lying import LyingRouter
 from p2pinfer.sim import SimConfig, Simulator
 
 

@@ -26,7 +26,7 @@ import trio
 
 from ..engines.base import GenerationParams, TokenChunk
 from ..node import GenerateResult, Node, RequestFailed
-from .config import NodeConfig
+from ..net.config import NodeConfig
 
 log = logging.getLogger("p2pinfer.testing_node")
 
@@ -130,9 +130,9 @@ class Controller:
         from libp2p.custom_types import TProtocol
         from libp2p.peer.id import ID
 
-        from .framing import FrameError, FrameReader, finish_stream
-        from .proto import p2pinfer_pb2 as pb
-        from .wire import ERROR_CODES
+        from ..net.framing import FrameError, FrameReader, finish_stream
+        from ..net.proto import p2pinfer_pb2 as pb
+        from ..net.wire import ERROR_CODES
 
         stream = await self.node.host.new_stream(ID.from_base58(peer), [TProtocol(protocol)])
         frames: list[dict[str, Any]] = []
@@ -173,9 +173,9 @@ class Controller:
         """
         from libp2p.peer.id import ID
 
-        from .forward import GENERATE_PROTOCOL
-        from .framing import FrameError, FrameReader, finish_stream, write_frame
-        from .wire import decode_response, encode_request
+        from ..net.forward import GENERATE_PROTOCOL
+        from ..net.framing import FrameError, FrameReader, finish_stream, write_frame
+        from ..net.wire import decode_response, encode_request
 
         answers: list[dict[str, Any]] = [{} for _ in range(n)]
         streams: list[Any] = []
@@ -218,9 +218,9 @@ class Controller:
 
     async def cmd_encode_request(self, _id: Any, **fields: Any) -> str:
         """A GenerateRequest frame for ``send_raw`` (any field may be set, even wrongly)."""
-        from .framing import encode_frame
-        from .proto import p2pinfer_pb2 as pb
-        from .wire import params_to_pb
+        from ..net.framing import encode_frame
+        from ..net.proto import p2pinfer_pb2 as pb
+        from ..net.wire import params_to_pb
 
         params = fields.pop("params", {})
         params.setdefault("max_tokens", 4)

@@ -25,8 +25,8 @@ from typing import Any
 from ..core.costmodel import EngineCostModel
 from ..core.directory import DirectoryConfig
 from ..core.router import GossipConfig
-from .runner import DEFAULT_RATE_PER_NODE, WorkloadSpec, build_requests
-from .simulator import DIRECTORY_NEIGHBOURHOOD, SIM_POLICIES, SimConfig, Simulator
+from ..sim.runner import DEFAULT_RATE_PER_NODE, WorkloadSpec, build_requests
+from ..sim.simulator import DIRECTORY_NEIGHBOURHOOD, SIM_POLICIES, SimConfig, Simulator
 
 __all__ = ["BASE_SETTING", "EXPERIMENTS", "run_experiment"]
 

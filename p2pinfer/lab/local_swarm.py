@@ -64,7 +64,7 @@ class LocalNode:
         crashing thread's stack in the log: those lines, and the log lines
         just before them, are what a person needs to see.
         """
-        from .engines.engine_check import describe_exit
+        from ..engines.engine_check import describe_exit
 
         rc = self.process.poll()
         sig, phrase = describe_exit(rc if rc is not None else 0)
@@ -101,7 +101,7 @@ class LocalSwarm:
     ) -> None:
         """``wrap[i]`` prefixes node i's command (e.g. ``ip netns exec ns0``).
 
-        ``link_delay_ms`` puts a :class:`~p2pinfer.delay_proxy.DelayRelays`
+        ``link_delay_ms`` puts a :class:`~p2pinfer.lab.delay_proxy.DelayRelays`
         relay in front of every node's libp2p port: node-to-node traffic
         then pays that one-way delay in each direction (HTTP does not).
         """

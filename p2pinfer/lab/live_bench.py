@@ -222,8 +222,8 @@ def mmlu_live_requests(
     max_tokens: int = 1, zipf_s: float = 0.0,
 ) -> tuple[list[LiveRequest], dict[str, Any]]:
     """MMLU five-shot prompts (packaged subset) with random entry nodes."""
-    from .workloads.base import Popularity
-    from .workloads.mmlu import MMLUWorkload, five_shot_header, load_mmlu
+    from ..workloads.base import Popularity
+    from ..workloads.mmlu import MMLUWorkload, five_shot_header, load_mmlu
 
     all_subjects = load_mmlu()
     if subjects:

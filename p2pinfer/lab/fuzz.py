@@ -87,7 +87,7 @@ def mutations(seeds: list[bytes], rng: random.Random) -> Iterator[bytes]:
 
 
 def _digest_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseException]]:
-    from .core.digest import Digest, DigestError, decode_digest, encode_digest
+    from ..core.digest import Digest, DigestError, decode_digest, encode_digest
 
     seeds = [
         encode_digest(Digest("full", "12D3KooWnode", "abcdef0123456789", 7, 0, frozenset(range(1, 40)), epoch=99)),
@@ -98,8 +98,8 @@ def _digest_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseExce
 
 
 def _request_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseException]]:
-    from .engines.base import GenerationParams
-    from .net.wire import WireError, decode_request, encode_request
+    from ..engines.base import GenerationParams
+    from ..net.wire import WireError, decode_request, encode_request
 
     def decode(data: bytes) -> Any:
         return decode_request(data, fingerprint="abcdef0123456789", max_hops=1, max_tokens=8192)
@@ -116,8 +116,8 @@ def _request_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseExc
 
 
 def _response_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseException]]:
-    from .engines.base import GenerationRecord, TokenChunk
-    from .net.wire import WireError, decode_response, encode_chunk, encode_done, encode_error
+    from ..engines.base import GenerationRecord, TokenChunk
+    from ..net.wire import WireError, decode_response, encode_chunk, encode_done, encode_error
 
     seeds = [
         encode_chunk(TokenChunk((1, 2, 3), "abc")),
@@ -128,9 +128,9 @@ def _response_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseEx
 
 
 def _gossip_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseException]]:
-    from .core.digest import Digest, encode_digest
-    from .core.peers import Load
-    from .net.wire import GossipRejected, decode_gossip, encode_gossip_digest, encode_gossip_load, load_to_pb
+    from ..core.digest import Digest, encode_digest
+    from ..core.peers import Load
+    from ..net.wire import GossipRejected, decode_gossip, encode_gossip_digest, encode_gossip_load, load_to_pb
 
     sender, fp = "12D3KooWsender", "abcdef0123456789"
 

@@ -1,6 +1,6 @@
 """Start and drive nodes in subprocesses (tests and ``bench overlay``).
 
-:class:`NodeProcess` runs ``python -m p2pinfer.net.testing_node`` and talks
+:class:`NodeProcess` runs ``python -m p2pinfer.lab.scripted_node`` and talks
 to it over JSON lines; it is synchronous (a reader thread sorts replies by
 id) so that tests need not share the node's event loop.
 """
@@ -21,7 +21,7 @@ import time
 from typing import Any, TypeVar
 
 from ..core.router import GossipConfig, RouterConfig
-from .config import NodeConfig
+from ..net.config import NodeConfig
 
 __all__ = ["NodeProcess", "RemoteCallError", "fast_config", "wait_for", "wait_until"]
 
@@ -92,7 +92,7 @@ class NodeProcess:
         self.stderr_path = (log_dir or Path(os.environ.get("TMPDIR", "/tmp"))) / f"p2pinfer-{name}-{os.getpid()}-{id(self)}.log"
         self._stderr = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "p2pinfer.net.testing_node"],
+            [sys.executable, "-m", "p2pinfer.lab.scripted_node"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import statistics
 from typing import Any
 
-from .core.costmodel import EngineCostModel
+from ..core.costmodel import EngineCostModel
 from .live_bench import LiveRequest
 
 __all__ = ["fit_engine_timing", "full_speed_work", "live_cost_model", "predict_live_run", "simulate_live_run"]
@@ -134,9 +134,9 @@ def simulate_live_run(
     feed a slightly slower model more work than it can serve, and its
     queues would grow without bound.
     """
-    from .sim.simulator import SimConfig, Simulator
-    from .workloads import PromptEncoder, load_tokenizer
-    from .workloads.base import Prompt, TimedRequest
+    from ..sim.simulator import SimConfig, Simulator
+    from ..workloads import PromptEncoder, load_tokenizer
+    from ..workloads.base import Prompt, TimedRequest
 
     if not requests:
         raise ValueError("no requests to replay")
