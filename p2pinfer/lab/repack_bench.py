@@ -73,7 +73,7 @@ def _one_round(model_path: str, cpu_repack: bool, prompt: list[int], decode: int
 def run_repack_bench(models: list[tuple[str, str]], *, rounds: int, prompt_tokens: int, decode_tokens: int,
                      threads: int) -> dict[str, Any]:
     """``models`` are (label, GGUF path); returns one JSON-ready object."""
-    from ..cli.bench_engine import bench_texts
+    from .engine_bench import bench_texts
     from ..engines.llama_runtime import LlamaRuntime
 
     text = next(iter(bench_texts()))[0]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from p2pinfer.cli.bench_engine import bench_texts
+from p2pinfer.lab.engine_bench import bench_texts
 from p2pinfer.core.radix import TreeEvent
 from p2pinfer.engines import (
     EngineError,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from p2pinfer.cli.bench_engine import bench_texts
+from p2pinfer.lab.engine_bench import bench_texts
 from p2pinfer.engines.llama_runtime import LlamaRuntime
 from p2pinfer.engines.model_files import default_model_path
 

@@ -18,7 +18,7 @@ import time
 import httpx
 import pytest
 
-from p2pinfer.cli.bench_faults import expected_text, group_prefix, run_faults
+from p2pinfer.lab.faults_bench import expected_text, group_prefix, run_faults
 from p2pinfer.lab.local_swarm import LocalSwarm
 
 pytestmark = pytest.mark.slow

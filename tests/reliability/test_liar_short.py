@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pinfer.cli.bench_liar import LiarSwarm, workload
+from p2pinfer.lab.liar_bench import LiarSwarm, workload
 from p2pinfer.net.sanctions import PUBLISH_THRESHOLD
 from p2pinfer.lab.node_process import wait_until
 

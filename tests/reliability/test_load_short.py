@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pinfer.cli.bench_load import run_load
+from p2pinfer.lab.load_bench import run_load
 
 
 def test_overloaded_swarm_refuses_with_retry_after_and_loses_nothing() -> None:
