@@ -1,4 +1,7 @@
-"""``p2pinfer bench fuzz``: malformed frames, digests, gossip and HTTP bodies."""
+"""``p2pinfer bench fuzz``: malformed frames, digests, gossip and HTTP bodies.
+
+The command only; what it runs is in p2pinfer/lab/fuzz.py.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +9,7 @@ import json
 
 import typer
 
-
-def run_fuzz(targets: list[str], count: int, seed: int) -> dict[str, object]:
-    from ..lab.fuzz import TARGETS, fuzz_target
-
-    reports = [fuzz_target(t, count, seed).as_dict() for t in targets if t in TARGETS]
-    if "http" in targets:
-        import trio
-
-        from ..lab.fuzz import fuzz_http
-        from ..lab.local_swarm import LocalSwarm
-
-        with LocalSwarm(1, engine="simulated") as swarm:
-            report = trio.run(fuzz_http, swarm.nodes[0].http, count, seed)
-            alive = swarm.nodes[0].alive()
-        out = report.as_dict()
-        out["node_alive_after"] = alive
-        if not alive:
-            out["findings"] = int(out["findings"]) + 1  # type: ignore[call-overload]
-        reports.append(out)
-    return {"benchmark": "fuzz", "count_per_target": count, "seed": seed, "targets": reports,
-            "findings": sum(int(r["findings"]) for r in reports)}  # type: ignore[call-overload]
+from ..lab.fuzz import run_fuzz
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

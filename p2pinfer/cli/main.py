@@ -30,18 +30,18 @@ lab = typer.Typer(
 app.add_typer(lab, name="lab")
 
 COMMAND_MODULES = [
-    "p2pinfer.lab.route_bench",
-    "p2pinfer.lab.overlay_bench",
-    "p2pinfer.lab.engine_bench",
+    "p2pinfer.cli.bench_route",
+    "p2pinfer.cli.bench_overlay",
+    "p2pinfer.cli.bench_engine",
     "p2pinfer.cli.node_cmd",
     "p2pinfer.cli.client_cmds",
     "p2pinfer.cli.swarm_cmd",
-    "p2pinfer.lab.live_experiment",
-    "p2pinfer.lab.load_bench",
+    "p2pinfer.cli.demo_cmd",
+    "p2pinfer.cli.bench_load",
     "p2pinfer.cli.bench_fuzz",
     "p2pinfer.cli.simulate",
-    "p2pinfer.lab.liar_bench",
-    "p2pinfer.lab.faults_bench",
+    "p2pinfer.cli.bench_liar",
+    "p2pinfer.cli.bench_faults",
     "p2pinfer.cli.doctor_cmd",
     "p2pinfer.cli.bench_repack",
 ]

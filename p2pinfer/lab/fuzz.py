@@ -22,7 +22,7 @@ import random
 import tracemalloc
 from typing import Any
 
-__all__ = ["FuzzReport", "TARGETS", "fuzz_target", "mutations"]
+__all__ = ["FuzzReport", "TARGETS", "fuzz_target", "mutations", "run_fuzz"]
 
 MEMORY_BOUND_BYTES = 64 << 20
 
@@ -240,3 +240,23 @@ def _json_or_empty(r: Any) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def run_fuzz(targets: list[str], count: int, seed: int) -> dict[str, object]:
+    """``p2pinfer bench fuzz``: every decoder target, and ``http`` against a real node process."""
+    reports = [fuzz_target(t, count, seed).as_dict() for t in targets if t in TARGETS]
+    if "http" in targets:
+        import trio
+
+        from .local_swarm import LocalSwarm
+
+        with LocalSwarm(1, engine="simulated") as swarm:
+            report = trio.run(fuzz_http, swarm.nodes[0].http, count, seed)
+            alive = swarm.nodes[0].alive()
+        out = report.as_dict()
+        out["node_alive_after"] = alive
+        if not alive:
+            out["findings"] = int(out["findings"]) + 1  # type: ignore[call-overload]
+        reports.append(out)
+    return {"benchmark": "fuzz", "count_per_target": count, "seed": seed, "targets": reports,
+            "findings": sum(int(r["findings"]) for r in reports)}  # type: ignore[call-overload]

@@ -14,8 +14,6 @@ import statistics
 import time
 from typing import Any
 
-import typer
-
 
 async def _client_loop(client: Any, urls: list[str], prompts: list[str], stop_at: float, rng: random.Random,
                        stats: dict[str, Any], max_tokens: int) -> None:
@@ -116,27 +114,3 @@ def run_load(nodes: int, clients: int, duration_s: float, max_tokens: int, seed:
         "nodes_alive_at_end": sum(alive),
         "lost_examples": stats["lost_examples"][:5],
     }
-
-
-def register(app: typer.Typer, bench: typer.Typer) -> None:
-    @bench.command("load")
-    def load(
-        nodes: int = typer.Option(4, min=1, max=16),
-        clients: int = typer.Option(200, min=1, help="Concurrent HTTP clients, each sending one request after another."),
-        duration: float = typer.Option(60.0, min=1.0, help="Seconds of load."),
-        max_tokens: int = typer.Option(4, min=1),
-        max_concurrent: int = typer.Option(32, min=1, help="Each node's HTTP admission limit (then 503)."),
-        seed: int = typer.Option(1),
-        as_json: bool = typer.Option(False, "--json"),
-    ) -> None:
-        """A swarm of simulated-engine nodes under many concurrent clients: nothing may be lost."""
-        result = run_load(nodes, clients, duration, max_tokens, seed, max_concurrent)
-        if as_json:
-            typer.echo(json.dumps(result))
-        else:
-            from rich.console import Console
-            from rich.pretty import Pretty
-
-            Console().print(Pretty(result))
-        if result["lost"]:
-            raise typer.Exit(1)

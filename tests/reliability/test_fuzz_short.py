@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pinfer.cli.bench_fuzz import run_fuzz
-from p2pinfer.lab.fuzz import fuzz_target
+from p2pinfer.lab.fuzz import fuzz_target, run_fuzz
 
 
 @pytest.mark.parametrize("target", ["digest", "request", "response", "gossip"])
