@@ -14,7 +14,7 @@ forwards it, falls back to the next candidate on BUSY or on a lost peer
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, aclosing
 from dataclasses import asdict, dataclass, field, replace
 import logging
@@ -122,9 +122,19 @@ class GenerateResult:
 class Node:
     """One peer of the swarm; see the module docstring."""
 
-    def __init__(self, config: NodeConfig | None = None, *, engine: Engine | None = None) -> None:
+    def __init__(
+        self,
+        config: NodeConfig | None = None,
+        *,
+        engine: Engine | None = None,
+        router_factory: Callable[..., Router] = Router,
+    ) -> None:
+        """``engine``: use this engine instead of loading ``config.engine``.
+        ``router_factory``: builds the routing core, with :class:`Router`'s
+        arguments (the lab passes its lying router here)."""
         self.config = config or NodeConfig()
         self._given_engine = engine
+        self._router_factory = router_factory
         self.counters = NodeCounters()
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
@@ -173,13 +183,7 @@ class Node:
             stack.push_async_callback(self.engine.aclose)
         key_pair = load_or_create_identity(config.identity_file)
         self.peer_id = ID.from_pubkey(key_pair.public_key).to_base58()
-        router_cls = Router
-        if config.debug_overclaim:  # a lying node, for tests and `bench liar` only
-            from .lab.lying import LyingRouter
-
-            router_cls = LyingRouter
-            log.warning("debug_overclaim: this node advertises prefixes it does not hold (test only)")
-        self.router = router_cls(
+        self.router = self._router_factory(
             self.peer_id,
             self.engine.fingerprint,
             self.engine.cache,
@@ -334,7 +338,6 @@ class Node:
             "gossip_scores": self._gossip_scores(),
             "other_model_peers": self.other_models.as_dict(),
             "streams_per_peer": dict(self.forward_server.streams),
-            "debug_overclaim": self.config.debug_overclaim,
             "counters": self.counters.as_dict(),
         }
 

@@ -3,7 +3,7 @@
 Four node processes on loopback with the simulated engine (the calibrated
 cost model, so a cache miss costs what it would cost on the real engine).
 Three honest nodes each hold some prefix groups; the fourth node has a
-small cache. In the ``liar`` scenario it runs with ``debug_overclaim``: it
+small cache. In the ``liar`` scenario it runs the lab's lying router: it
 advertises every prefix it hears of, so origins see it as holding every
 group and send it work it serves cold. Requests enter at the honest nodes
 only, open loop, at a fixed rate, always at a node that does not hold the
@@ -81,13 +81,12 @@ class LiarSwarm:
         self.nodes.append(first)
         configs = [fast_config(bootstrap=(first.addr,), **common).replace(router=router) for _ in range(2)]
         configs.append(
-            fast_config(bootstrap=(first.addr,), engine_options=small, **common).replace(
-                router=router, debug_overclaim=scenario != "honest"
-            )
+            fast_config(bootstrap=(first.addr,), engine_options=small, **common).replace(router=router)
         )
         names = [f"{scenario}-honest1", f"{scenario}-honest2", f"{scenario}-fourth"]
+        lying = [False, False, scenario != "honest"]
         with ThreadPoolExecutor(3) as pool:
-            futures = [pool.submit(NodeProcess, cfg, name) for cfg, name in zip(configs, names)]
+            futures = [pool.submit(NodeProcess, cfg, name, lying=lie) for cfg, name, lie in zip(configs, names, lying)]
             for fut in futures:
                 self.nodes.append(fut.result())
         self.honest, self.x = self.nodes[:3], self.nodes[3]
@@ -276,7 +275,7 @@ def run_liar(
         "benchmark": "liar",
         "engine": "simulated (calibrated cost model, real radix caches)",
         "cost_model": EngineCostModel().scaled(speed).as_dict() if speed != 1.0 else EngineCostModel().as_dict(),
-        "nodes": "3 honest + 1 (honest, or lying with debug_overclaim); requests enter at the honest nodes",
+        "nodes": "3 honest + 1 (honest, or lying: lab/lying.py); requests enter at the honest nodes",
         "groups": groups,
         "prefix_tokens": prefix_tokens,
         "suffix_tokens": suffix_tokens,

@@ -1,12 +1,14 @@
-"""TEST ONLY: a router that lies about its cache (``NodeConfig.debug_overclaim``).
+"""TEST ONLY: a router that lies about its cache (``NodeProcess(..., lying=True)``).
 
 A lying node advertises, as its own, every block hash its peers advertise:
 it claims every prefix the swarm holds, to attract traffic it then serves
 cold. It exists so that tests and ``p2pinfer bench liar`` can run a real
 lying node process against honest ones and show the defence (trust in
 :meth:`~p2pinfer.core.router.Router.on_forward_result`, then
-:class:`~p2pinfer.net.sanctions.PeerSanctions`). Everything else about the
-node is honest: it serves what it is sent and reports its real reuse.
+:class:`~p2pinfer.net.sanctions.PeerSanctions`). The lab's scripted node
+passes it to ``Node(router_factory=LyingRouter)``; nothing in the product
+selects it. Everything else about the node is honest: it serves what it is
+sent and reports its real reuse.
 """
 
 from __future__ import annotations

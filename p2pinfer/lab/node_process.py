@@ -81,8 +81,18 @@ async def wait_for(predicate: Callable[[], object], timeout_s: float = 10.0) -> 
 
 
 class NodeProcess:
-    def __init__(self, config: NodeConfig, name: str = "node", log_dir: Path | None = None, start_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        name: str = "node",
+        log_dir: Path | None = None,
+        start_timeout_s: float = 60.0,
+        *,
+        lying: bool = False,
+    ) -> None:
+        """``lying``: the node runs :class:`~p2pinfer.lab.lying.LyingRouter`."""
         self.name = name
+        self.lying = lying
         self.config = config
         self._ids = itertools.count(1)
         self._pending: dict[int, queue.Queue[dict[str, Any]]] = {}
@@ -92,7 +102,7 @@ class NodeProcess:
         self.stderr_path = (log_dir or Path(os.environ.get("TMPDIR", "/tmp"))) / f"p2pinfer-{name}-{os.getpid()}-{id(self)}.log"
         self._stderr = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "p2pinfer.lab.scripted_node"],
+            [sys.executable, "-m", "p2pinfer.lab.scripted_node", *(["--lying"] if lying else [])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

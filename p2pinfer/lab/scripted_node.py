@@ -6,7 +6,8 @@ answers ``{"event": "ready", ...}`` once it listens. Then each line
 ``{"id": n, "cmd": ..., ...}`` gets one reply line ``{"id": n, "ok": ...}``
 (commands run concurrently; ``generate`` with ``"stream": true`` also sends
 ``{"id": n, "event": "chunk"}`` lines). Closing stdin or ``shutdown`` stops
-the node cleanly and the process exits 0.
+the node cleanly and the process exits 0. With ``--lying`` the node runs
+the lab's :class:`~p2pinfer.lab.lying.LyingRouter`.
 
 The debugging commands (``send_raw``, ``publish_raw``) exist to prove that
 malformed input from a peer is rejected: they let one real node misbehave
@@ -24,11 +25,13 @@ from typing import Any
 
 import trio
 
+from ..core.router import Router
 from ..engines.base import GenerationParams, TokenChunk
 from ..node import GenerateResult, Node, RequestFailed
 from ..net.config import NodeConfig
+from .lying import LyingRouter
 
-log = logging.getLogger("p2pinfer.testing_node")
+log = logging.getLogger("p2pinfer.lab.scripted_node")
 
 
 class Controller:
@@ -234,10 +237,14 @@ class Controller:
         return encode_frame(msg.SerializeToString()).hex()
 
 
-async def _serve(config: NodeConfig) -> None:
+async def _serve(config: NodeConfig, lying: bool) -> None:
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
-    async with Node(config) as node:
+    router_factory: Any = Router
+    if lying:
+        router_factory = LyingRouter
+        log.warning("lying node: it advertises prefixes it does not hold (test only)")
+    async with Node(config, router_factory=router_factory) as node:
         ctl = Controller(node, stdout)
         await ctl.send({"event": "ready", "peer_id": node.peer_id, "addrs": node.addrs, "pid": os.getpid()})
         async with trio.open_nursery() as nursery:
@@ -280,7 +287,7 @@ def main() -> None:
         stream=sys.stderr,
     )
     config = NodeConfig.from_dict(json.loads(_first_line()))
-    trio.run(_serve, config)
+    trio.run(_serve, config, "--lying" in sys.argv[1:])
 
 
 if __name__ == "__main__":

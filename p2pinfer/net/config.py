@@ -9,7 +9,7 @@ live node share them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -68,10 +68,6 @@ class NodeConfig:
     stream_idle_s: float = 30.0
     """Idle forwarding streams are closed after this (the serving side waits twice as long)."""
     rtt_interval_s: float = 2.0
-    debug_overclaim: bool = False
-    """TEST ONLY: make this node lie. It advertises, as its own, every block hash it
-    hears from its peers (prefixes it does not hold), to attract their traffic. Used
-    by the lying-peer tests and ``p2pinfer bench liar``; never set it on a real node."""
 
     def __post_init__(self) -> None:
         if not self.listen:

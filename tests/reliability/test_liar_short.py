@@ -1,6 +1,6 @@
 """A real lying node process is found out and cut off (the machinery of `p2pinfer bench liar`).
 
-The fourth node runs with ``debug_overclaim``: it advertises every prefix
+The fourth node runs the lab's lying router: it advertises every prefix
 its peers advertise. Requests for those prefixes enter at the three honest
 nodes, one at a time, until every honest node has distrusted the liar; then
 20 more follow, and none of them may reach it. The time-to-first-token
