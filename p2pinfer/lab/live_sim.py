@@ -35,7 +35,10 @@ def fit_engine_timing(
     average. ``None`` when there are too few samples or no fit has every
     term non-negative.
     """
-    import numpy as np
+    try:
+        import numpy as np
+    except ImportError:
+        raise RuntimeError("fitting engine timings needs numpy: pip install 'p2pinfer[lab]'") from None
 
     rows = [(1.0, 1.0 if reused else 0.0, float(max(1, prompt - reused)), ms) for prompt, reused, ms in samples if ms > 0]
     if len(rows) < MIN_FIT_SAMPLES:
