@@ -26,7 +26,8 @@ from ..core.costmodel import EngineCostModel
 from ..core.directory import DirectoryConfig
 from ..core.router import GossipConfig
 from ..sim.runner import DEFAULT_RATE_PER_NODE, WorkloadSpec, build_requests
-from ..sim.simulator import DIRECTORY_NEIGHBOURHOOD, SIM_POLICIES, SimConfig, Simulator
+from ..sim.model import DIRECTORY_NEIGHBOURHOOD, SIM_POLICIES, SimConfig
+from ..sim.simulator import Simulator
 
 __all__ = ["BASE_SETTING", "EXPERIMENTS", "run_experiment"]
 

@@ -3,7 +3,8 @@
 from .metrics import WALL_CLOCK_KEYS, percentile, without_wall_clock
 from .network import LatencyModel, parse_latency
 from .oracle import OracleIndex, OraclePolicy, OracleView
-from .simulator import SIM_POLICIES, SimConfig, Simulator
+from .model import SIM_POLICIES, SimConfig
+from .simulator import Simulator
 
 __all__ = [
     "SIM_POLICIES",

@@ -7,17 +7,18 @@ function of the seed and the configuration.
 
 from __future__ import annotations
 
+from collections import Counter
 import json
 import math
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .network import gossip_copies, mesh_hops
+from ..core.directory import Rendezvous
+from ..workloads.base import PromptEncoder
+from .model import Req, SimConfig, SimNode
+from .network import LatencyModel, gossip_copies, mesh_hops
 
-if TYPE_CHECKING:
-    from .simulator import Simulator
-
-__all__ = ["WALL_CLOCK_KEYS", "percentile", "summarise", "without_wall_clock"]
+__all__ = ["WALL_CLOCK_KEYS", "FinishedRun", "percentile", "summarise", "without_wall_clock"]
 
 WALL_CLOCK_KEYS = ("decision_us_p50", "decision_us_p99", "directory_query_us_p50", "wall_s")
 
@@ -32,6 +33,47 @@ def without_wall_clock(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class FinishedRun(Protocol):
+    """What the figures are computed from: a :class:`~p2pinfer.sim.simulator.Simulator` after ``run()``."""
+
+    config: SimConfig
+    encoder: PromptEncoder
+    workload: dict[str, Any]
+    latency: LatencyModel
+    nodes: list[SimNode]
+    completed: list[Req]
+    now: float
+    events: int
+    gossip_on: bool
+    dir_on: bool
+    decision_ns: list[int]
+    shadow_total: int
+    shadow_agree: int
+    refusals: int
+    failures: int
+    retries: int
+    orphaned: int
+    joins: int
+    leaves: int
+    bytes_in: int
+    deliveries: int
+    lost: int
+    msg_count: Counter[str]
+    msg_bytes: Counter[str]
+    msg_bytes_in: Counter[str]
+    apply_results: Counter[str]
+    membership: Rendezvous
+    lookup_ms: list[float]
+    query_ns: list[int]
+    dir_count: Counter[str]
+    dir_bytes: Counter[str]
+    dir_lost: int
+    dir_timeouts: int
+    dir_blind: int
+    dir_answered: int
+    dir_empty: int
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile of an already sorted list."""
     if not sorted_values:
@@ -44,7 +86,7 @@ def _r(x: float, nd: int = 3) -> float:
     return round(x, nd)
 
 
-def summarise(sim: Simulator, wall_s: float) -> dict[str, Any]:
+def summarise(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
     cfg = sim.config
     done = sorted(sim.completed, key=lambda r: r.rid)
     skip = int(len(done) * cfg.warmup)
@@ -155,7 +197,7 @@ def summarise(sim: Simulator, wall_s: float) -> dict[str, Any]:
     return result
 
 
-def _lookup_summary(sim: Simulator) -> dict[str, float] | None:
+def _lookup_summary(sim: FinishedRun) -> dict[str, float] | None:
     """Virtual time from routing to decision: the directory round trip (0 with gossip)."""
     if not sim.dir_on or not sim.lookup_ms:
         return None
@@ -163,7 +205,7 @@ def _lookup_summary(sim: Simulator) -> dict[str, float] | None:
     return {"mean": _r(statistics.fmean(waits)), "p50": _r(percentile(waits, 50)), "p99": _r(percentile(waits, 99))}
 
 
-def _discovery(sim: Simulator, node_seconds: float, node_rates: list[float], busiest: Any) -> dict[str, Any]:
+def _discovery(sim: FinishedRun, node_seconds: float, node_rates: list[float], busiest: Any) -> dict[str, Any]:
     """Inbound discovery bytes per node per second, by kind; the busiest node too."""
     cfg = sim.config
     by_kind = {"gossip " + k: _r(sim.msg_bytes_in[k] / node_seconds, 1) for k in sorted(sim.msg_bytes_in)}

@@ -28,16 +28,29 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 import heapq
 import random
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..core.digest import DigestTracker
 from ..core.peers import PeerState, longest_prefix_holders
 from ..core.policies import CostPolicy, Decision, LocalState, RouteRequest
+from .model import SimNode
 
-if TYPE_CHECKING:
-    from .simulator import SimNode, Simulator
+__all__ = ["OracleIndex", "OraclePolicy", "OracleView", "OracleWorld"]
 
-__all__ = ["OracleIndex", "OraclePolicy", "OracleView"]
+
+class OracleWorld(Protocol):
+    """The ground truth the oracle reads: the :class:`~p2pinfer.sim.simulator.Simulator`."""
+
+    fingerprint_hex: str
+    nodes: list[SimNode]
+    by_id: dict[str, SimNode]
+    oracle_index: OracleIndex | None
+
+    def rtt_ms(self, a: SimNode, b: SimNode) -> float: ...
+
+    def live_nodes(self) -> list[SimNode]: ...
+
+    def refuses(self, node: SimNode) -> bool: ...
 
 
 class OracleIndex:
@@ -91,7 +104,7 @@ class OracleIndex:
 class OracleView:
     """Ground truth, shaped like the parts of PeerView a policy reads."""
 
-    def __init__(self, sim: Simulator, decider: SimNode, now: float) -> None:
+    def __init__(self, sim: OracleWorld, decider: SimNode, now: float) -> None:
         self.sim = sim
         self.decider = decider
         self.now = now
@@ -151,7 +164,7 @@ class OraclePolicy:
 
     name = "oracle"
 
-    def __init__(self, sim: Simulator, node: SimNode, rule: CostPolicy | None = None) -> None:
+    def __init__(self, sim: OracleWorld, node: SimNode, rule: CostPolicy | None = None) -> None:
         self.sim = sim
         self.node = node
         self.rule = rule or CostPolicy()

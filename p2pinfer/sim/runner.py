@@ -4,7 +4,7 @@ experiments share, so that every policy sees the very same seeded requests."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 import functools
 import json
 from pathlib import Path
@@ -24,7 +24,8 @@ from ..workloads import (
     read_trace,
     timed,
 )
-from .simulator import SimConfig, Simulator
+from .model import SimConfig
+from .simulator import Simulator
 
 __all__ = ["DEFAULT_RATE_PER_NODE", "WorkloadSpec", "build_requests", "cost_model_from_bench", "simulate"]
 
@@ -112,10 +113,6 @@ def simulate(
     """Run one simulation; pass ``requests`` to reuse an already built workload."""
     reqs, encoder, info = requests or build_requests(spec, config.nodes, config.seed)
     return Simulator(config, reqs, encoder, workload=info, progress=progress).run()
-
-
-def for_policy(config: SimConfig, policy: str) -> SimConfig:
-    return replace(config, policy=policy)
 
 
 def cost_model_from_bench(path: str | Path) -> EngineCostModel:

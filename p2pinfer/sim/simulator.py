@@ -29,307 +29,31 @@ bytes a thousand times.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
-import hashlib
 import heapq
 import math
-import os
 import random
-import statistics
 import time
 from typing import Any
 
-from ..core.attempts import Action, Done, Fail, ForwardTo, PeerLost, Refused, RequestAttempts, Sanction, ServeHere
-from ..core.blocks import ModelFingerprint
-from ..core.costmodel import EngineCostModel
+from ..core.attempts import Action, Done, Fail, ForwardTo, PeerLost, Refused, Sanction, ServeHere
 from ..core.digest import Digest, decode_digest
-from ..core.engine_queue import EngineQueue, Ticket
-from ..core.directory import (
-    AnchorCheck,
-    Answer,
-    AnchorTracker,
-    AnchorUpdate,
-    DirectoryConfig,
-    DirectoryStore,
-    DirectoryView,
-    Query,
-    Register,
-    Rendezvous,
-    Resend,
-    anchor_of,
-    apply_answer,
-    decode_message,
-    encode_message,
-    make_query,
-)
-from ..core.peers import Load
-from ..core.policies import POLICIES, CostModel, CostPolicy, Decision, LocalState, RouteRequest
+from ..core.directory import Answer, DirectoryView, apply_answer
+from ..core.policies import CostModel, CostPolicy, Decision, LocalState, RouteRequest
 from ..core.radix import RadixTree
-from ..core.router import GossipConfig, Router, RouterConfig, TrustConfig
+from ..core.router import Router, RouterConfig
 from ..workloads.base import PromptEncoder, TimedRequest
-from .network import (
-    DEFAULT_ENVELOPE_BYTES,
-    DEFAULT_MESH_DEGREE,
-    LatencyModel,
-    digest_message_bytes,
-    gossip_copies,
-    load_report_bytes,
-    mesh_hops,
-    parse_latency,
-    stream_request_bytes,
-    stream_response_bytes,
-)
 from .cpu import SharedCpu
+from .directory_mode import DirectoryMode
+from .metrics import summarise
+from .model import SIM_POLICIES, Job, Req, SimConfig, SimNode, default_fingerprint, sim_peer_id
+from .network import LatencyModel, digest_message_bytes, gossip_copies, load_report_bytes, mesh_hops, parse_latency
 from .oracle import OracleIndex, OraclePolicy
 
 __all__ = ["SIM_POLICIES", "SimConfig", "SimNode", "Simulator", "default_fingerprint"]
 
-SIM_POLICIES = (*POLICIES, "oracle")
-"""Every core policy plus the simulator-only oracle."""
-DISCOVERY = ("gossip", "directory")
-"""How nodes learn who caches what: gossiped digests, or the prefix directory."""
-DIRECTORY_NEIGHBOURHOOD = 8
-"""Directory mode: load reports are gossiped in topics of this many nodes
-unless ``topic_size`` says otherwise."""
-
-_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
-
-
-def _peer_id(seed: int, idx: int) -> str:
-    """A 52-character id shaped like a libp2p Ed25519 peer id, so digest and
-    load report sizes are realistic."""
-    n = int.from_bytes(hashlib.sha256(f"p2pinfer-sim-{seed}-{idx}".encode()).digest(), "big")
-    chars = []
-    for _ in range(44):
-        n, r = divmod(n, 58)
-        chars.append(_B58[r])
-    return "12D3KooW" + "".join(chars)
-
-
-def _memory_bytes() -> int:
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-def default_fingerprint(tokenizer_name: str) -> ModelFingerprint:
-    return ModelFingerprint("SmolLM2-135M-Instruct.Q4_1", tokenizer_name, "none")
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """Everything that defines a run; stated in every result."""
-
-    nodes: int = 4
-    policy: str = "cost"
-    latency: str = "1"
-    """One-way delay per hop in ms, or uniform:LO:HI / lognormal:MEDIAN:SIGMA."""
-    loss: float = 0.0
-    """Probability that one receiver misses one gossip message."""
-    cache_tokens: int = 10_000
-    """Per node KV cache budget (SmolLM2: about 23 KB per token, so 230 MB)."""
-    busy_valve: bool = True
-    busy_queue_ms: float = RouterConfig().busy_queue_ms
-    busy_backoff_s: float = 2.0
-    gossip: GossipConfig = field(default_factory=GossipConfig)
-    instant_gossip: bool = False
-    """Every change reaches every node at once, losslessly (for the oracle test)."""
-    topic_size: int = 0
-    """0: one gossip topic for the whole swarm; else random topics of this many
-    nodes, each routing only among its own members. With the directory, topics
-    carry only load reports (default DIRECTORY_NEIGHBOURHOOD nodes)."""
-    discovery: str = "gossip"
-    """gossip: digests gossiped in topics; directory: the content-sharded prefix
-    directory (p2pinfer/core/directory.py) plus load reports in topics."""
-    directory: DirectoryConfig = field(default_factory=DirectoryConfig)
-    membership_delay_s: float = 3.0
-    """Directory: how long until the membership (and so rendezvous placement)
-    reflects a join or a leave; meanwhile messages to a departed owner are lost."""
-    mesh_degree: int = DEFAULT_MESH_DEGREE
-    envelope_bytes: int = DEFAULT_ENVELOPE_BYTES
-    concurrency: int = 0
-    """0: requests arrive at their own times (open loop). Else a closed loop
-    like ``bench swarm``'s client: this many in flight, the next one sent
-    when one completes, in order (their times are ignored)."""
-    shared_cores: float = 0.0
-    """0: every node is its own machine. Else every node runs on one machine
-    with this many cores, shared (processor sharing, ``sim/cpu.py``): the
-    setting of a live benchmark swarm started on one box."""
-    churn_interval_s: float = 0.0
-    """Mean seconds between two node replacements in the swarm (0: no churn)."""
-    rejoin_delay_s: float = 5.0
-    max_attempts: int = RouterConfig().max_attempts
-    """Peers an entry tries for one request before it serves locally (RouterConfig.max_attempts)."""
-    client_retry_s: float = 1.0
-    """A client whose entry node died retries at another node after this long."""
-    warmup: float = 0.1
-    """Share of the first arrivals left out of the statistics (cold caches)."""
-    cost: EngineCostModel = field(default_factory=EngineCostModel)
-    work_weight: float = CostModel().work_weight
-    """CostModel.work_weight of the cost and oracle policies (default: the core's)."""
-    drain_reported_queue: bool = True
-    """CostModel.drain_reported_queue of the cost policy (an ablation switch)."""
-    trust: TrustConfig = field(default_factory=TrustConfig)
-    seed: int = 1
-    record_decisions: bool = False
-    record_timeline: bool = False
-    shadow_oracle: bool = False
-    """Also compute the oracle's decision at every ``cost`` decision and count agreement."""
-
-    def validate(self) -> None:
-        if self.nodes < 1:
-            raise ValueError("need at least one node")
-        if self.policy not in SIM_POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(SIM_POLICIES)}")
-        if not 0 <= self.loss < 1:
-            raise ValueError("loss must be in [0, 1)")
-        if self.cache_tokens < 0 or self.topic_size < 0 or self.mesh_degree < 1:
-            raise ValueError("cache_tokens, topic_size must be >= 0 and mesh_degree >= 1")
-        if not 0 <= self.warmup < 1:
-            raise ValueError("warmup must be in [0, 1)")
-        if self.concurrency < 0:
-            raise ValueError("concurrency must be >= 0 (0: open loop)")
-        if self.shared_cores < 0:
-            raise ValueError("shared_cores must be >= 0 (0: one machine per node)")
-        if self.discovery not in DISCOVERY:
-            raise ValueError(f"unknown discovery {self.discovery!r}; choose from {', '.join(DISCOVERY)}")
-        if self.discovery == "directory" and self.instant_gossip:
-            raise ValueError("instant gossip is a gossip-discovery setting")
-        if self.membership_delay_s < 0:
-            raise ValueError("membership_delay_s must be >= 0")
-        parse_latency(self.latency)
-        need, have = self.view_memory_estimate(), _memory_bytes()
-        if have and need > 0.6 * have:
-            raise ValueError(
-                f"{self.nodes} nodes in topics of {self.topic_nodes()} may need {need / 2**30:.0f} GiB for the "
-                f"peer views (each node indexes every block its topic peers cache), more than 60 % of this "
-                f"machine's {have / 2**30:.0f} GiB: use --topic-size or fewer nodes"
-            )
-
-    def topic_nodes(self) -> int:
-        size = self.topic_size or (DIRECTORY_NEIGHBOURHOOD if self.discovery == "directory" else 0)
-        return min(size, self.nodes) if size else self.nodes
-
-    def view_memory_estimate(self) -> int:
-        """Bytes the peer views may need: every node indexes every block its
-        topic peers cache (a dict entry and a holder set, about 300 bytes
-        each in CPython); an upper bound, caches full."""
-        if self.policy == "oracle":
-            return 0
-        blocks = self.cache_tokens // 16
-        if self.discovery == "directory":
-            # Each cached block is registered at one directory per replica.
-            return self.nodes * blocks * 300 * self.directory.replicas
-        return self.nodes * max(0, self.topic_nodes() - 1) * blocks * 300
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["cost"] = self.cost.as_dict()
-        return d
-
-
-class Req:
-    """One client request, across its forwards, refusals and retries."""
-
-    __slots__ = (
-        "rid", "arrival", "tokens", "n_tokens", "label", "output_tokens", "entry", "gen", "attempts",
-        "first_token", "done", "served_by", "reused", "forwards", "retries", "predicted", "fixed_entry",
-        "hashes", "lookup", "routed_at",
-    )
-
-    def __init__(self, rid: int, arrival: float, tokens: list[int], label: str, output_tokens: int, fixed_entry: int | None) -> None:
-        self.rid = rid
-        self.arrival = arrival
-        self.tokens = tokens
-        self.n_tokens = len(tokens)
-        self.label = label
-        self.output_tokens = output_tokens
-        self.fixed_entry = fixed_entry
-        self.entry: SimNode | None = None
-        self.gen = 0
-        self.attempts: RequestAttempts | None = None
-        """Its lifecycle at the current entry node (a client retry starts another)."""
-        self.first_token: float | None = None
-        self.done = False
-        self.served_by: SimNode | None = None
-        self.reused = 0
-        self.forwards = 0
-        self.retries = 0
-        self.predicted = 0
-        self.hashes: list[int] = []
-        self.lookup = 0
-        """Directory lookup in flight (a token), 0 when none."""
-        self.routed_at = arrival
-
-
-class Job:
-    __slots__ = ("req", "gen", "origin", "predicted", "ticket", "reused", "in_service", "started", "work_s")
-
-    def __init__(self, req: Req, origin: SimNode, predicted: int) -> None:
-        self.req = req
-        self.gen = req.gen
-        self.origin = origin
-        self.predicted = predicted
-        self.ticket: Ticket | None = None
-        """Its place in the node's EngineQueue."""
-        self.reused = 0
-        self.in_service: list[int] = []
-        """Block hashes listed in the node's digest while it serves this job."""
-        self.started = 0.0
-        self.work_s = 0.0
-        """Its prefill at full speed (it takes longer on shared cores)."""
-
-
-class SimNode:
-    """A node: cache, router, FIFO queue. ``load()`` is what its engine reports."""
-
-    def __init__(self, idx: int, node_id: str, router: Router, cost: EngineCostModel, topic: int, now: float) -> None:
-        self.idx = idx
-        self.id = node_id
-        self.router = router
-        self.cache = router.cache
-        self.topic = topic
-        self.alive = True
-        self.queue: deque[Job] = deque()
-        self.current: Job | None = None
-        self.engine = EngineQueue(ms_per_token=cost.prefill_ms_per_token)
-        """Its engine's queue accounting, the very model a live engine keeps."""
-        self.busy_flag = False
-        self.served = 0
-        self.busy_s = 0.0
-        self.joined_at = now
-        self.left_at: float | None = None
-        self.bytes_in = 0
-        """Discovery bytes this node received (gossip copies and direct messages)."""
-        self.bytes_by_kind: Counter[str] = Counter()
-        self.anchors: AnchorTracker | None = None
-        self.store: DirectoryStore | None = None
-        self.sanctioned: dict[str, float] = {}
-        """Peer id -> virtual time its sanction ends: until then what it says is dropped
-        (the live node's :class:`~p2pinfer.net.sanctions.PeerSanctions`)."""
-
-    def distrusts(self, peer_id: str, now: float) -> bool:
-        until = self.sanctioned.get(peer_id)
-        if until is None:
-            return False
-        if now >= until:
-            del self.sanctioned[peer_id]
-            return False
-        return True
-
-    def load(self) -> Load:
-        return self.engine.load()
-
-    def new_attempts(self, decision: Decision, tokens: list[int], hashes: list[int]) -> RequestAttempts:
-        """The lifecycle of a request entering here (as ``Node.generate`` builds it)."""
-        return RequestAttempts(self.router, decision, tokens, hashes)
-
-
-
-class Simulator:
+class Simulator(DirectoryMode):
     """One run: ``Simulator(config, requests, encoder).run()`` -> result dict."""
 
     def __init__(
@@ -380,18 +104,7 @@ class Simulator:
         self.oracle_index = OracleIndex() if self.need_oracle else None
         self.gossip_on = config.policy != "oracle" and config.nodes > 1
         self.dir_on = self.gossip_on and config.discovery == "directory"
-        self.dir_cfg = config.directory
-        self.membership = Rendezvous(replicas=config.directory.replicas)
-        self.dir_count: Counter[str] = Counter()
-        self.dir_bytes: Counter[str] = Counter()
-        self.dir_lost = 0
-        self.dir_timeouts = 0
-        self.dir_blind = 0
-        self.dir_answered = 0
-        self.dir_empty = 0
-        self.lookup_ms: list[float] = []
-        self.query_ns: list[int] = []
-        self._lookup_seq = 0
+        self._init_directory(config.directory)
         self.pending: dict[int, Req] = {}
         self.completed: list[Req] = []
         self.arrived = 0
@@ -458,7 +171,7 @@ class Simulator:
 
     def _add_node(self) -> SimNode:
         idx = len(self.nodes)
-        node_id = _peer_id(self.config.seed, idx)
+        node_id = sim_peer_id(self.config.seed, idx)
         router = self._new_router(idx, node_id, RadixTree(self.config.cache_tokens))
         topic = self._assign_topic()
         node = SimNode(idx, node_id, router, self.config.cost, topic, self.now)
@@ -620,217 +333,6 @@ class Simulator:
         if busy != node.busy_flag:
             node.busy_flag = busy
             self._publish_load(node)
-
-    # -- the prefix directory -------------------------------------------------
-    def _add_directory_node(self, node: SimNode) -> None:
-        """Directory discovery: an anchor tracker on the cache, a directory
-        store, load reports in the node's topic, and membership (rendezvous)."""
-        cfg, d = self.config, self.dir_cfg
-        node.anchors = AnchorTracker(node.router.hasher, d.anchor_blocks)
-        node.cache.subscribe(node.anchors.on_event)
-        node.store = DirectoryStore(node.router.hasher.block_size)
-        g = cfg.gossip
-        phase = self.rng_phase.random
-        self.at(self.now + phase() * g.load_interval_s, self._load_tick, node)
-        self.at(self.now + g.peer_ttl_s / 2, self._expire_tick, node)
-        self.at(self.now + phase() * d.update_interval_s, self._dir_update_tick, node)
-        self.at(self.now + (1 + phase()) * d.refresh_s, self._dir_refresh_tick, node)
-        self.at(self.now + d.entry_ttl_s / 2, self._dir_expire_tick, node)
-        if self.now == 0.0:
-            self.membership.add(node.id)  # the initial swarm
-        else:
-            self.at(self.now + cfg.membership_delay_s, self._member_join, node)
-
-    def _member_join(self, node: SimNode) -> None:
-        if node.alive:
-            self._placement_changed(self.membership.add(node.id))
-
-    def _member_leave(self, node: SimNode) -> None:
-        changed = self.membership.remove(node.id)
-        for other in self.alive:
-            other.store.drop_holder(node.id)  # type: ignore[union-attr]
-        self._placement_changed(changed)
-
-    def _placement_changed(self, anchors: list[int]) -> None:
-        """Anchors moved: former owners forget them, holders re-register in full."""
-        if not anchors:
-            return
-        moved = set(anchors)
-        for n in self.alive:
-            store = n.store
-            assert store is not None and n.anchors is not None
-            for a in moved.intersection(store.anchors()):
-                if n.id not in self.membership.owners(a):
-                    store.drop_anchor(a)
-            held = moved.intersection(n.anchors.anchors())
-            if held:
-                self._send_updates(n, n.anchors.full(held), "register")
-
-    def _send_updates(
-        self, node: SimNode, updates: list[AnchorUpdate], kind: str, checks: Sequence[AnchorCheck] = (), only: str | None = None
-    ) -> None:
-        """Batch anchor updates (and checks) per owner: one Register message
-        (stream) each; ``only``: to that owner alone (a resync)."""
-        if not updates and not checks:
-            return
-        batches: dict[str, tuple[list[AnchorUpdate], list[AnchorCheck]]] = {}
-        for u in updates:
-            for owner in [only] if only else self.membership.owners(u.anchor):
-                batches.setdefault(owner, ([], []))[0].append(u)
-        for c in checks:
-            for owner in self.membership.owners(c.anchor):
-                batches.setdefault(owner, ([], []))[1].append(c)
-        load = node.load()
-        epoch = node.router.tracker.epoch
-        for owner_id, (ups, cks) in batches.items():
-            msg = Register(node.id, epoch, load, tuple(ups), tuple(cks))
-            if owner_id == node.id:
-                resend = node.store.apply(msg, self.now)  # type: ignore[union-attr]
-                if resend:
-                    self._send_updates(node, node.anchors.full(resend, clear_pending=False), "resync", only=node.id)  # type: ignore[union-attr]
-                continue
-            data = encode_message(msg)
-            owner = self.by_id[owner_id]
-            self.dir_count[kind] += 1
-            self.at(self.now + self.link_s(node, owner), self._dir_register_arrive, node, owner, data, kind)
-
-    def _dir_register_arrive(self, src: SimNode, dst: SimNode, data: bytes, kind: str) -> None:
-        if not dst.alive or (self.config.loss and self.rng_loss.random() < self.config.loss):
-            self.dir_lost += 1
-            return
-        inbound = stream_request_bytes(len(data))
-        dst.bytes_in += inbound
-        dst.bytes_by_kind[kind] += inbound
-        self.dir_bytes[kind] += inbound
-        msg = decode_message(data)
-        assert isinstance(msg, Register)
-        resend = dst.store.apply(msg, self.now)  # type: ignore[union-attr]
-        # The reply carries a Resend when some checked anchors did not match.
-        reply = encode_message(Resend(tuple(resend))) if resend else None
-        ack = stream_response_bytes(None if reply is None else len(reply))
-        if src.alive:
-            src.bytes_in += ack
-            src.bytes_by_kind[kind] += ack
-            self.dir_bytes[kind] += ack
-        if reply is not None:
-            self.at(self.now + self.link_s(dst, src), self._dir_resend_arrive, src, dst, reply)
-
-    def _dir_resend_arrive(self, src: SimNode, dst: SimNode, reply: bytes) -> None:
-        if not src.alive:
-            return
-        msg = decode_message(reply)
-        assert isinstance(msg, Resend)
-        self._send_updates(src, src.anchors.full(msg.anchors, clear_pending=False), "resync", only=dst.id)  # type: ignore[union-attr]
-
-    def _dir_update_tick(self, node: SimNode) -> None:
-        if not node.alive:
-            return
-        self._send_updates(node, node.anchors.take_updates(), "register")  # type: ignore[union-attr]
-        self.at(self.now + self.dir_cfg.update_interval_s, self._dir_update_tick, node)
-
-    def _dir_refresh_tick(self, node: SimNode) -> None:
-        if not node.alive:
-            return
-        anchors = node.anchors
-        assert anchors is not None
-        if self.dir_cfg.refresh == "checksum":
-            # Pending changes go first, in the same message, so that the checks match.
-            self._send_updates(node, anchors.take_updates(), "refresh", checks=anchors.checks())
-        else:
-            self._send_updates(node, anchors.full(), "refresh")
-        self.at(self.now + self.dir_cfg.refresh_s, self._dir_refresh_tick, node)
-
-    def _dir_expire_tick(self, node: SimNode) -> None:
-        if not node.alive:
-            return
-        node.store.expire(self.now, self.dir_cfg.entry_ttl_s)  # type: ignore[union-attr]
-        self.at(self.now + self.dir_cfg.entry_ttl_s / 2, self._dir_expire_tick, node)
-
-    def _lookup(self, req: Req, node: SimNode) -> None:
-        """Ask the owner of the request's anchor (one round trip), then decide."""
-        t0 = time.perf_counter_ns()
-        router = node.router
-        req.hashes = router.hasher.hashes(req.tokens)
-        d = self.dir_cfg
-        anchor = anchor_of(req.hashes, d.anchor_blocks)
-        owners = self.membership.owners(anchor) if anchor is not None else []
-        hash_ns = time.perf_counter_ns() - t0
-        if not owners:
-            self._decide(req, node, None, hash_ns)
-            return
-        query = make_query(req.hashes, req.n_tokens, d)
-        assert query is not None
-        self._ask(req, node, query, 0, hash_ns)
-
-    def _ask(self, req: Req, node: SimNode, query: Query, attempt: int, hash_ns: int) -> None:
-        d = self.dir_cfg
-        owners = self.membership.owners(query.anchor)
-        if not owners:
-            self._decide(req, node, None, hash_ns)
-            return
-        # Replicas share the queries (each request asks one of them, a retry
-        # the next); an entry that is itself an owner asks itself.
-        owner_id = node.id if node.id in owners else owners[(req.rid + attempt) % len(owners)]
-        if owner_id == node.id:
-            answer = node.store.answer(query, self.now, exclude=node.id)  # type: ignore[union-attr]
-            self.dir_answered += 1
-            self.dir_empty += not answer.holders
-            self._decide(req, node, answer, hash_ns)
-            return
-        self._lookup_seq += 1
-        token = req.lookup = self._lookup_seq
-        data = encode_message(query)
-        owner = self.by_id[owner_id]
-        self.dir_count["query"] += 1
-        self.at(self.now + self.link_s(node, owner), self._dir_query_arrive, req, req.gen, token, node, owner, data, hash_ns)
-        self.at(self.now + d.query_timeout_s, self._dir_timeout, req, req.gen, token, node, query, attempt, hash_ns)
-
-    def _dir_query_arrive(self, req: Req, gen: int, token: int, entry: SimNode, owner: SimNode, data: bytes, hash_ns: int) -> None:
-        if not owner.alive or (self.config.loss and self.rng_loss.random() < self.config.loss):
-            self.dir_lost += 1
-            return  # the entry's timeout decides
-        inbound = stream_request_bytes(len(data))
-        owner.bytes_in += inbound
-        owner.bytes_by_kind["query"] += inbound
-        t0 = time.perf_counter_ns()
-        query = decode_message(data)
-        assert isinstance(query, Query)
-        answer = owner.store.answer(query, self.now, exclude=entry.id)  # type: ignore[union-attr]
-        reply = encode_message(answer)
-        self.query_ns.append(time.perf_counter_ns() - t0)
-        back = stream_response_bytes(len(reply))
-        self.dir_bytes["query"] += inbound
-        self.dir_count["answer"] += 1
-        if self.config.loss and self.rng_loss.random() < self.config.loss:
-            self.dir_lost += 1
-            return
-        self.at(self.now + self.link_s(owner, entry), self._dir_answer_arrive, req, gen, token, entry, reply, back, hash_ns)
-
-    def _dir_answer_arrive(self, req: Req, gen: int, token: int, entry: SimNode, reply: bytes, back: int, hash_ns: int) -> None:
-        if not entry.alive:
-            return
-        entry.bytes_in += back
-        entry.bytes_by_kind["answer"] += back
-        self.dir_bytes["answer"] += back
-        if gen != req.gen or req.done or req.lookup != token:
-            return  # timed out already, or the client went elsewhere
-        req.lookup = 0
-        answer = decode_message(reply)
-        assert isinstance(answer, Answer)
-        self.dir_answered += 1
-        self.dir_empty += not answer.holders
-        self._decide(req, entry, answer, hash_ns)
-
-    def _dir_timeout(self, req: Req, gen: int, token: int, entry: SimNode, query: Query, attempt: int, hash_ns: int) -> None:
-        if gen != req.gen or req.done or req.lookup != token or not entry.alive:
-            return
-        req.lookup = 0
-        self.dir_timeouts += 1
-        if attempt + 1 < self.dir_cfg.query_attempts:
-            self._ask(req, entry, query, attempt + 1, hash_ns)  # a lost message or a dead owner: once more
-        else:
-            self.dir_blind += 1
-            self._decide(req, entry, None, hash_ns)  # decide with what the entry knows
 
     def _decide(self, req: Req, node: SimNode, answer: Answer | None, hash_ns: int) -> None:
         """The entry's decision: the node's own policy object over its peer
@@ -1115,11 +617,5 @@ class Simulator:
 
     # -- results ---------------------------------------------------------------
     def _result(self, wall_s: float) -> dict[str, Any]:
-        from .metrics import summarise
-
         return summarise(self, wall_s)
-
-
-def with_policy(config: SimConfig, policy: str) -> SimConfig:
-    return replace(config, policy=policy)
 

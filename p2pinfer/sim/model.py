@@ -1,0 +1,280 @@
+"""What a simulated swarm is made of: the run's configuration, its nodes,
+requests and jobs (no behaviour beyond their own bookkeeping).
+
+:class:`SimNode` owns what a live node owns: a
+:class:`~p2pinfer.core.radix.RadixTree` cache, a
+:class:`~p2pinfer.core.router.Router` and the engine's queue accounting
+(:class:`~p2pinfer.core.engine_queue.EngineQueue`); the simulator
+(``simulator.py``) moves them on a virtual clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import asdict, dataclass, field
+import hashlib
+import os
+from typing import Any
+
+from ..core.attempts import RequestAttempts
+from ..core.blocks import ModelFingerprint
+from ..core.costmodel import EngineCostModel
+from ..core.directory import AnchorTracker, DirectoryConfig, DirectoryStore
+from ..core.engine_queue import EngineQueue, Ticket
+from ..core.peers import Load
+from ..core.policies import POLICIES, CostModel, Decision
+from ..core.router import GossipConfig, Router, RouterConfig, TrustConfig
+from .network import DEFAULT_ENVELOPE_BYTES, DEFAULT_MESH_DEGREE, parse_latency
+
+__all__ = [
+    "DIRECTORY_NEIGHBOURHOOD",
+    "DISCOVERY",
+    "SIM_POLICIES",
+    "Job",
+    "Req",
+    "SimConfig",
+    "SimNode",
+    "default_fingerprint",
+    "sim_peer_id",
+]
+
+SIM_POLICIES = (*POLICIES, "oracle")
+"""Every core policy plus the simulator-only oracle."""
+DISCOVERY = ("gossip", "directory")
+"""How nodes learn who caches what: gossiped digests, or the prefix directory."""
+DIRECTORY_NEIGHBOURHOOD = 8
+"""Directory mode: load reports are gossiped in topics of this many nodes
+unless ``topic_size`` says otherwise."""
+
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+
+
+def sim_peer_id(seed: int, idx: int) -> str:
+    """A 52-character id shaped like a libp2p Ed25519 peer id, so digest and
+    load report sizes are realistic."""
+    n = int.from_bytes(hashlib.sha256(f"p2pinfer-sim-{seed}-{idx}".encode()).digest(), "big")
+    chars = []
+    for _ in range(44):
+        n, r = divmod(n, 58)
+        chars.append(_B58[r])
+    return "12D3KooW" + "".join(chars)
+
+
+def _memory_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def default_fingerprint(tokenizer_name: str) -> ModelFingerprint:
+    return ModelFingerprint("SmolLM2-135M-Instruct.Q4_1", tokenizer_name, "none")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything that defines a run; stated in every result."""
+
+    nodes: int = 4
+    policy: str = "cost"
+    latency: str = "1"
+    """One-way delay per hop in ms, or uniform:LO:HI / lognormal:MEDIAN:SIGMA."""
+    loss: float = 0.0
+    """Probability that one receiver misses one gossip message."""
+    cache_tokens: int = 10_000
+    """Per node KV cache budget (SmolLM2: about 23 KB per token, so 230 MB)."""
+    busy_valve: bool = True
+    busy_queue_ms: float = RouterConfig().busy_queue_ms
+    busy_backoff_s: float = 2.0
+    gossip: GossipConfig = field(default_factory=GossipConfig)
+    instant_gossip: bool = False
+    """Every change reaches every node at once, losslessly (for the oracle test)."""
+    topic_size: int = 0
+    """0: one gossip topic for the whole swarm; else random topics of this many
+    nodes, each routing only among its own members. With the directory, topics
+    carry only load reports (default DIRECTORY_NEIGHBOURHOOD nodes)."""
+    discovery: str = "gossip"
+    """gossip: digests gossiped in topics; directory: the content-sharded prefix
+    directory (p2pinfer/core/directory.py) plus load reports in topics."""
+    directory: DirectoryConfig = field(default_factory=DirectoryConfig)
+    membership_delay_s: float = 3.0
+    """Directory: how long until the membership (and so rendezvous placement)
+    reflects a join or a leave; meanwhile messages to a departed owner are lost."""
+    mesh_degree: int = DEFAULT_MESH_DEGREE
+    envelope_bytes: int = DEFAULT_ENVELOPE_BYTES
+    concurrency: int = 0
+    """0: requests arrive at their own times (open loop). Else a closed loop
+    like ``bench swarm``'s client: this many in flight, the next one sent
+    when one completes, in order (their times are ignored)."""
+    shared_cores: float = 0.0
+    """0: every node is its own machine. Else every node runs on one machine
+    with this many cores, shared (processor sharing, ``sim/cpu.py``): the
+    setting of a live benchmark swarm started on one box."""
+    churn_interval_s: float = 0.0
+    """Mean seconds between two node replacements in the swarm (0: no churn)."""
+    rejoin_delay_s: float = 5.0
+    max_attempts: int = RouterConfig().max_attempts
+    """Peers an entry tries for one request before it serves locally (RouterConfig.max_attempts)."""
+    client_retry_s: float = 1.0
+    """A client whose entry node died retries at another node after this long."""
+    warmup: float = 0.1
+    """Share of the first arrivals left out of the statistics (cold caches)."""
+    cost: EngineCostModel = field(default_factory=EngineCostModel)
+    work_weight: float = CostModel().work_weight
+    """CostModel.work_weight of the cost and oracle policies (default: the core's)."""
+    drain_reported_queue: bool = True
+    """CostModel.drain_reported_queue of the cost policy (an ablation switch)."""
+    trust: TrustConfig = field(default_factory=TrustConfig)
+    seed: int = 1
+    record_decisions: bool = False
+    record_timeline: bool = False
+    shadow_oracle: bool = False
+    """Also compute the oracle's decision at every ``cost`` decision and count agreement."""
+
+    def validate(self) -> None:
+        if self.nodes < 1:
+            raise ValueError("need at least one node")
+        if self.policy not in SIM_POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(SIM_POLICIES)}")
+        if not 0 <= self.loss < 1:
+            raise ValueError("loss must be in [0, 1)")
+        if self.cache_tokens < 0 or self.topic_size < 0 or self.mesh_degree < 1:
+            raise ValueError("cache_tokens, topic_size must be >= 0 and mesh_degree >= 1")
+        if not 0 <= self.warmup < 1:
+            raise ValueError("warmup must be in [0, 1)")
+        if self.concurrency < 0:
+            raise ValueError("concurrency must be >= 0 (0: open loop)")
+        if self.shared_cores < 0:
+            raise ValueError("shared_cores must be >= 0 (0: one machine per node)")
+        if self.discovery not in DISCOVERY:
+            raise ValueError(f"unknown discovery {self.discovery!r}; choose from {', '.join(DISCOVERY)}")
+        if self.discovery == "directory" and self.instant_gossip:
+            raise ValueError("instant gossip is a gossip-discovery setting")
+        if self.membership_delay_s < 0:
+            raise ValueError("membership_delay_s must be >= 0")
+        parse_latency(self.latency)
+        need, have = self.view_memory_estimate(), _memory_bytes()
+        if have and need > 0.6 * have:
+            raise ValueError(
+                f"{self.nodes} nodes in topics of {self.topic_nodes()} may need {need / 2**30:.0f} GiB for the "
+                f"peer views (each node indexes every block its topic peers cache), more than 60 % of this "
+                f"machine's {have / 2**30:.0f} GiB: use --topic-size or fewer nodes"
+            )
+
+    def topic_nodes(self) -> int:
+        size = self.topic_size or (DIRECTORY_NEIGHBOURHOOD if self.discovery == "directory" else 0)
+        return min(size, self.nodes) if size else self.nodes
+
+    def view_memory_estimate(self) -> int:
+        """Bytes the peer views may need: every node indexes every block its
+        topic peers cache (a dict entry and a holder set, about 300 bytes
+        each in CPython); an upper bound, caches full."""
+        if self.policy == "oracle":
+            return 0
+        blocks = self.cache_tokens // 16
+        if self.discovery == "directory":
+            # Each cached block is registered at one directory per replica.
+            return self.nodes * blocks * 300 * self.directory.replicas
+        return self.nodes * max(0, self.topic_nodes() - 1) * blocks * 300
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["cost"] = self.cost.as_dict()
+        return d
+
+
+class Req:
+    """One client request, across its forwards, refusals and retries."""
+
+    __slots__ = (
+        "rid", "arrival", "tokens", "n_tokens", "label", "output_tokens", "entry", "gen", "attempts",
+        "first_token", "done", "served_by", "reused", "forwards", "retries", "predicted", "fixed_entry",
+        "hashes", "lookup", "routed_at",
+    )
+
+    def __init__(self, rid: int, arrival: float, tokens: list[int], label: str, output_tokens: int, fixed_entry: int | None) -> None:
+        self.rid = rid
+        self.arrival = arrival
+        self.tokens = tokens
+        self.n_tokens = len(tokens)
+        self.label = label
+        self.output_tokens = output_tokens
+        self.fixed_entry = fixed_entry
+        self.entry: SimNode | None = None
+        self.gen = 0
+        self.attempts: RequestAttempts | None = None
+        """Its lifecycle at the current entry node (a client retry starts another)."""
+        self.first_token: float | None = None
+        self.done = False
+        self.served_by: SimNode | None = None
+        self.reused = 0
+        self.forwards = 0
+        self.retries = 0
+        self.predicted = 0
+        self.hashes: list[int] = []
+        self.lookup = 0
+        """Directory lookup in flight (a token), 0 when none."""
+        self.routed_at = arrival
+
+
+class Job:
+    __slots__ = ("req", "gen", "origin", "predicted", "ticket", "reused", "in_service", "started", "work_s")
+
+    def __init__(self, req: Req, origin: SimNode, predicted: int) -> None:
+        self.req = req
+        self.gen = req.gen
+        self.origin = origin
+        self.predicted = predicted
+        self.ticket: Ticket | None = None
+        """Its place in the node's EngineQueue."""
+        self.reused = 0
+        self.in_service: list[int] = []
+        """Block hashes listed in the node's digest while it serves this job."""
+        self.started = 0.0
+        self.work_s = 0.0
+        """Its prefill at full speed (it takes longer on shared cores)."""
+
+
+class SimNode:
+    """A node: cache, router, FIFO queue. ``load()`` is what its engine reports."""
+
+    def __init__(self, idx: int, node_id: str, router: Router, cost: EngineCostModel, topic: int, now: float) -> None:
+        self.idx = idx
+        self.id = node_id
+        self.router = router
+        self.cache = router.cache
+        self.topic = topic
+        self.alive = True
+        self.queue: deque[Job] = deque()
+        self.current: Job | None = None
+        self.engine = EngineQueue(ms_per_token=cost.prefill_ms_per_token)
+        """Its engine's queue accounting, the very model a live engine keeps."""
+        self.busy_flag = False
+        self.served = 0
+        self.busy_s = 0.0
+        self.joined_at = now
+        self.left_at: float | None = None
+        self.bytes_in = 0
+        """Discovery bytes this node received (gossip copies and direct messages)."""
+        self.bytes_by_kind: Counter[str] = Counter()
+        self.anchors: AnchorTracker | None = None
+        self.store: DirectoryStore | None = None
+        self.sanctioned: dict[str, float] = {}
+        """Peer id -> virtual time its sanction ends: until then what it says is dropped
+        (the live node's :class:`~p2pinfer.net.sanctions.PeerSanctions`)."""
+
+    def distrusts(self, peer_id: str, now: float) -> bool:
+        until = self.sanctioned.get(peer_id)
+        if until is None:
+            return False
+        if now >= until:
+            del self.sanctioned[peer_id]
+            return False
+        return True
+
+    def load(self) -> Load:
+        return self.engine.load()
+
+    def new_attempts(self, decision: Decision, tokens: list[int], hashes: list[int]) -> RequestAttempts:
+        """The lifecycle of a request entering here (as ``Node.generate`` builds it)."""
+        return RequestAttempts(self.router, decision, tokens, hashes)
