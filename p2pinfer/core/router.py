@@ -97,7 +97,6 @@ class Router:
         cache.subscribe(self.tracker.on_event)
         self.view = PeerView(self.tracker.fingerprint, node_id)
         self.policy: Policy = policy or make_policy(self.config.policy)
-        self.rejected_fingerprints: set[str] = set()
 
     @property
     def fingerprint_hex(self) -> str:
@@ -140,10 +139,7 @@ class Router:
     def on_digest(self, digest: Digest, now: float) -> ApplyResult:
         if digest.node_id == self.node_id:
             return "stale"
-        result = self.view.apply_digest(digest, now)
-        if result == "fingerprint":
-            self.rejected_fingerprints.add(digest.fingerprint)
-        return result
+        return self.view.apply_digest(digest, now)
 
     def on_digest_bytes(self, data: bytes, now: float) -> ApplyResult:
         """Decode then apply; raises :class:`~p2pinfer.core.digest.DigestError`."""
