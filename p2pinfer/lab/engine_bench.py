@@ -11,10 +11,11 @@ identical. The figures also calibrate
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-import statistics
+from collections.abc import Iterator
 import time
 from typing import Any
+
+from ..stats import median
 
 
 __all__ = ["bench_texts", "run_engine_bench"]
@@ -60,10 +61,6 @@ def bench_texts() -> Iterator[tuple[str, list[str]]]:
             [f"Question {i}.{k}: which of these ideas came first, and why was it replaced?" for k in range(8)],
         )
         i += 1
-
-
-def _median(xs: Sequence[float]) -> float:
-    return float(statistics.median(xs)) if xs else float("nan")
 
 
 def prompt_pairs(engine: Any, prefix_tokens: int, suffix_tokens: int, reps: int) -> list[tuple[list[int], list[int]]]:
@@ -124,7 +121,7 @@ async def run_engine_bench(
         for s in (stamps, warm_stamps):
             gaps = [b - a for a, b in zip(s[1:], s[2:])]
             if gaps:
-                decode_ms.append(_median(gaps) * 1000)
+                decode_ms.append(median(gaps) * 1000)
         if len(stamps) > 1:
             first_step_ms.append((stamps[1] - stamps[0]) * 1000)
         rows.append(
@@ -154,20 +151,20 @@ async def run_engine_bench(
         "prompt_tokens": n_prompt,
         "shared_prefix_tokens": prefix_tokens,
         "repetitions": len(rows),
-        "cold_ttft_ms": round(_median(cold_ms), 2),
-        "warm_ttft_ms": round(_median(warm_ms), 2),
-        "warm_over_cold": round(_median([r["warm_over_cold"] for r in rows]), 4),
-        "warm_over_cold_of_medians": round(_median(warm_ms) / _median(cold_ms), 4),
-        "floor_over_cold": round(_median([r["warm_prefill_ms"] for r in rows]) / _median(cold_ms), 4),
-        "reused_tokens": int(_median([r["reused_tokens"] for r in rows])),
-        "restore_ms": round(_median([r["restore_ms"] for r in rows]), 3),
+        "cold_ttft_ms": round(median(cold_ms), 2),
+        "warm_ttft_ms": round(median(warm_ms), 2),
+        "warm_over_cold": round(median([r["warm_over_cold"] for r in rows]), 4),
+        "warm_over_cold_of_medians": round(median(warm_ms) / median(cold_ms), 4),
+        "floor_over_cold": round(median([r["warm_prefill_ms"] for r in rows]) / median(cold_ms), 4),
+        "reused_tokens": int(median([r["reused_tokens"] for r in rows])),
+        "restore_ms": round(median([r["restore_ms"] for r in rows]), 3),
         "request_overhead_ms": round(
-            _median([r["warm_ttft_ms"] - r["restore_ms"] - r["warm_prefill_ms"] for r in rows]), 3
+            median([r["warm_ttft_ms"] - r["restore_ms"] - r["warm_prefill_ms"] for r in rows]), 3
         ),
         "greedy_identical_all": all(r["greedy_identical"] for r in rows),
-        "prefill_ms_per_token": round(_median(prefill_per_token), 3),
-        "decode_ms_per_token": round(_median(decode_ms), 3),
-        "first_step_ms_with_save": round(_median(first_step_ms), 2),
+        "prefill_ms_per_token": round(median(prefill_per_token), 3),
+        "decode_ms_per_token": round(median(decode_ms), 3),
+        "first_step_ms_with_save": round(median(first_step_ms), 2),
         "cache_bytes_per_token": bpt,
         "cache_budget_tokens": capacity,
         "cache_budget_mib": round(capacity * bpt / (1 << 20), 1) if capacity and bpt else None,
@@ -225,11 +222,11 @@ def naive_baseline(
         llm.close()
     return {
         "method": "llama_cpp.Llama save_state/load_state of the whole context",
-        "cold_ttft_ms": round(_median([r[0] for r in rows]) * 1000, 2),
-        "warm_ttft_ms": round(_median([r[1] for r in rows]) * 1000, 2),
-        "warm_over_cold": round(_median([r[1] / r[0] for r in rows]), 4),
-        "save_ms": round(_median([r[2] for r in rows]) * 1000, 2),
-        "state_bytes": int(_median([r[3] for r in rows])),
+        "cold_ttft_ms": round(median([r[0] for r in rows]) * 1000, 2),
+        "warm_ttft_ms": round(median([r[1] for r in rows]) * 1000, 2),
+        "warm_over_cold": round(median([r[1] / r[0] for r in rows]), 4),
+        "save_ms": round(median([r[2] for r in rows]) * 1000, 2),
+        "state_bytes": int(median([r[3] for r in rows])),
     }
 
 
@@ -285,9 +282,9 @@ def live_sequences_experiment(
         rt.close()
     return {
         "method": "cached prompts as live sequences of one context, llama_memory_seq_cp on a hit",
-        "cold_ttft_ms": round(_median([r[0] for r in rows]) * 1000, 2),
-        "warm_ttft_ms": round(_median([r[1] for r in rows]) * 1000, 2),
-        "warm_over_cold": round(_median([r[1] / r[0] for r in rows]), 4),
+        "cold_ttft_ms": round(median([r[0] for r in rows]) * 1000, 2),
+        "warm_ttft_ms": round(median([r[1] for r in rows]) * 1000, 2),
+        "warm_over_cold": round(median([r[1] / r[0] for r in rows]), 4),
         "greedy_identical": [r[2] for r in rows],
         "first_logits_bit_identical": [r[3] for r in rows],
     }
@@ -347,8 +344,8 @@ def config_sweep(
         {
             "flash_attn": "on" if cfg[0] else "off",
             "batch_size": cfg[1],
-            "prefill_ms_per_token": round(_median([t[0] for t in timing[cfg]]), 3),
-            "decode_ms_per_token": round(_median([t[1] for t in timing[cfg]]), 3),
+            "prefill_ms_per_token": round(median([t[0] for t in timing[cfg]]), 3),
+            "decode_ms_per_token": round(median([t[1] for t in timing[cfg]]), 3),
             "cut_at_cache_hit_bit_identical": invariant[cfg],
         }
         for cfg in SWEEP_CONFIGS

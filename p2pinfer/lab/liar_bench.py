@@ -33,9 +33,10 @@ from __future__ import annotations
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 import random
-import statistics
 import time
 from typing import Any
+
+from ..stats import mean, percentile, rounded
 
 
 SCENARIOS = ("honest", "liar", "liar_without_defence")
@@ -43,17 +44,6 @@ SCENARIOS = ("honest", "liar", "liar_without_defence")
 
 def _prompt(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(256, 49152) for _ in range(n)]
-
-
-def _mean(values: list[float]) -> float | None:
-    return round(statistics.fmean(values), 2) if values else None
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
 
 
 class LiarSwarm:
@@ -231,9 +221,9 @@ def summarise(scenario: str, run: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "requests": len(records),
         "failed": len(records) - len(ok),
-        "mean_ttft_ms": _mean(ttft),
-        "p50_ttft_ms": _pct(ttft, 0.5),
-        "p90_ttft_ms": _pct(ttft, 0.9),
+        "mean_ttft_ms": rounded(mean(ttft)),
+        "p50_ttft_ms": rounded(percentile(ttft, 50)),
+        "p90_ttft_ms": rounded(percentile(ttft, 90)),
         "requests_to_fourth_node": len(to_x),
         "attempts_at_fourth_node_by_outcome": dict(Counter(o for r in ok for t, o in r["outcomes"] if t == x_id)),
         "mispredictions_by_fourth_node": len(mispredicted),
@@ -290,8 +280,8 @@ def run_liar(
         result["cutoff_request"] = cut
         result["requests_after_cutoff"] = requests - 1 - cut
         after = {name: window(run, cut) for name, run in runs.items()}
-        result["mean_ttft_ms_after_cutoff"] = {name: _mean(v) for name, v in after.items()}
-        result["p50_ttft_ms_after_cutoff"] = {name: _pct(v, 0.5) for name, v in after.items()}
+        result["mean_ttft_ms_after_cutoff"] = {name: rounded(mean(v)) for name, v in after.items()}
+        result["p50_ttft_ms_after_cutoff"] = {name: rounded(percentile(v, 50)) for name, v in after.items()}
         means, p50s = result["mean_ttft_ms_after_cutoff"], result["p50_ttft_ms_after_cutoff"]
         if "honest" in runs and means.get("honest") and means.get("liar") is not None:
             ratio = means["liar"] / means["honest"]

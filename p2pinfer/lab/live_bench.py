@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 import json
-import math
 import random
 import statistics
 import time
@@ -23,6 +22,7 @@ from typing import Any
 import httpx
 import trio
 
+from ..stats import percentile
 from .local_swarm import LocalSwarm
 
 __all__ = ["LiveRequest", "PolicyRun", "RequestOutcome", "run_policy", "summarise"]
@@ -171,13 +171,6 @@ def run_policy(
     return run
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    values = sorted(values)
-    return values[min(len(values) - 1, int(math.ceil(q * len(values))) - 1)]
-
-
 def summarise(run: PolicyRun) -> dict[str, Any]:
     ok = [o for o in run.outcomes if o.ok]
     ttft = [o.ttft_ms for o in ok if o.ttft_ms is not None]
@@ -199,8 +192,8 @@ def summarise(run: PolicyRun) -> dict[str, Any]:
         "failed": len(run.outcomes) - len(ok),
         "ttft_ms": {
             "mean": round(statistics.fmean(ttft), 1) if ttft else None,
-            "p50": round(_pct(ttft, 0.5), 1) if ttft else None,
-            "p99": round(_pct(ttft, 0.99), 1) if ttft else None,
+            "p50": round(percentile(ttft, 50), 1) if ttft else None,
+            "p99": round(percentile(ttft, 99), 1) if ttft else None,
         },
         "hit_rate": round(reused / prompt, 4) if prompt else 0.0,
         "forwarded_share": round(len(forwarded) / len(ok), 4) if ok else 0.0,

@@ -21,16 +21,13 @@ import statistics
 import time
 from typing import Any
 
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+from ..stats import percentile
 
 
 def _summary(values: list[float], digits: int = 3) -> dict[str, float]:
     return {
         "p50": round(statistics.median(values), digits),
-        "p90": round(_pct(values, 0.9), digits),
+        "p90": round(percentile(values, 90), digits),
         "min": round(min(values), digits),
         "max": round(max(values), digits),
     }

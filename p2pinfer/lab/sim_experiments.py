@@ -25,9 +25,10 @@ from typing import Any
 from ..core.costmodel import EngineCostModel
 from ..core.directory import DirectoryConfig
 from ..core.router import GossipConfig
-from ..sim.runner import DEFAULT_RATE_PER_NODE, WorkloadSpec, build_requests
 from ..sim.model import DIRECTORY_NEIGHBOURHOOD, SIM_POLICIES, SimConfig
+from ..sim.runner import DEFAULT_RATE_PER_NODE, WorkloadSpec, build_requests
 from ..sim.simulator import Simulator
+from ..stats import mean
 
 __all__ = ["BASE_SETTING", "EXPERIMENTS", "run_experiment"]
 
@@ -87,10 +88,6 @@ class _Runner:
         return result
 
 
-def _mean(xs: Sequence[float]) -> float:
-    return statistics.fmean(xs) if xs else math.nan
-
-
 def _aggregate(rows: list[dict[str, Any]], keys: Sequence[str], group: Sequence[str]) -> list[dict[str, Any]]:
     """Mean (and min, max) over seeds of ``keys`` for each ``group`` combination."""
     buckets: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
@@ -103,7 +100,7 @@ def _aggregate(rows: list[dict[str, Any]], keys: Sequence[str], group: Sequence[
         for k in keys:
             vals = [it[k] for it in items if it[k] is not None]
             if vals:
-                agg[k] = round(_mean(vals), 4)
+                agg[k] = round(mean(vals), 4)
                 agg[k + "_min"] = round(min(vals), 4)
                 agg[k + "_max"] = round(max(vals), 4)
         out.append(agg)
@@ -116,13 +113,13 @@ def _paired(rows: list[dict[str, Any]], a: str, b_choices: Sequence[str], by: st
     per_policy: dict[str, dict[int, float]] = defaultdict(dict)
     for r in sel:
         per_policy[r["policy"]][r["seed"]] = r["ttft_ms_mean"]
-    best = min(b_choices, key=lambda p: _mean(list(per_policy[p].values())))
+    best = min(b_choices, key=lambda p: mean(list(per_policy[p].values())))
     seeds = sorted(per_policy[a])
     diffs = [per_policy[a][s] - per_policy[best][s] for s in seeds]
-    mean_diff = _mean(diffs)
+    mean_diff = mean(diffs)
     se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
-    a_mean = _mean([per_policy[a][s] for s in seeds])
-    b_mean = _mean([per_policy[best][s] for s in seeds])
+    a_mean = mean([per_policy[a][s] for s in seeds])
+    b_mean = mean([per_policy[best][s] for s in seeds])
     return {
         by: value,
         "policy": a,
@@ -208,7 +205,7 @@ def latency(
     checks = [_paired(rows, "cost", BASELINES, "latency_ms", lat) for lat in lats]
     checks_w1 = [_paired(rows, W1, BASELINES, "latency_ms", lat) for lat in lats]
     vs_paper = [_paired(rows, W1, ["paper"], "latency_ms", lat) for lat in lats]
-    at1 = {p: _mean([r["ttft_ms_mean"] for r in rows if r["latency_ms"] == 1.0 and r["policy"] == p]) for p in policies}
+    at1 = {p: mean([r["ttft_ms_mean"] for r in rows if r["latency_ms"] == 1.0 and r["policy"] == p]) for p in policies}
     targets = {
         "cost_vs_random_at_1ms": {
             "target": "cost mean TTFT at least 2x lower than random",
@@ -345,7 +342,7 @@ def _specialisation_stats(timeline: list[tuple[float, str, int]], window_s: floa
         "windows": n_windows,
         "window_s": window_s,
         "majority": majority,
-        "specialisation_index": round(_mean(shares), 4) if shares else None,
+        "specialisation_index": round(mean(shares), 4) if shares else None,
         "rotations": rotations,
         "rotation_share": round(rotations / spans, 4) if spans else None,
     }

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections import Counter
 import json
-import math
 import statistics
 from typing import Any, Protocol
 
 from ..core.directory import Rendezvous
+from ..stats import percentile
 from ..workloads.base import PromptEncoder
 from .model import Req, SimConfig, SimNode
 from .network import LatencyModel, gossip_copies, mesh_hops
@@ -72,14 +72,6 @@ class FinishedRun(Protocol):
     dir_blind: int
     dir_answered: int
     dir_empty: int
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an already sorted list."""
-    if not sorted_values:
-        return math.nan
-    k = max(0, math.ceil(q / 100 * len(sorted_values)) - 1)
-    return sorted_values[k]
 
 
 def _r(x: float, nd: int = 3) -> float:
