@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from .core.attempts import (
+from ..core.attempts import (
     Attempt,
     DeadlinePassed,
     Event,
@@ -38,10 +38,10 @@ from .core.attempts import (
     Sanction,
     ServeHere,
 )
-from .core.attempts import Done as AttemptDone
-from .core.policies import Decision
-from .core.router import Router
-from .engines.base import (
+from ..core.attempts import Done as AttemptDone
+from ..core.policies import Decision
+from ..core.router import Router
+from ..engines.base import (
     ChatMessage,
     Engine,
     EngineOverloadedError,
@@ -49,13 +49,13 @@ from .engines.base import (
     GenerationRecord,
     TokenChunk,
 )
-from .engines.registry import load_engine
-from .net.config import NodeConfig
-from .net.counters import NodeCounters
-from .net.forward import GENERATE_PROTOCOL, DeadlineExceeded, ForwardClient, ForwardFailed, ForwardServer
-from .net.other_models import OtherModels
-from .net.sanctions import PeerSanctions
-from .net.wire import Done, RemoteError, encode_request, fingerprint_in_message
+from ..engines.registry import load_engine
+from ..net.config import NodeConfig
+from ..net.counters import NodeCounters
+from ..net.forward import GENERATE_PROTOCOL, DeadlineExceeded, ForwardClient, ForwardFailed, ForwardServer
+from ..net.other_models import OtherModels
+from ..net.sanctions import PeerSanctions
+from ..net.wire import Done, RemoteError, encode_request, fingerprint_in_message
 
 __all__ = [
     "Attempt",
@@ -169,11 +169,11 @@ class Node:
         # Imported here: libp2p takes a second to import, the CLI must not wait for it.
         from libp2p.peer.id import ID
 
-        from .net.gossip import GossipService
-        from .net.host import build_stack, dialable_addrs, digest_topic, run_stack
-        from .net.identity import load_or_create_identity
-        from .net.membership import Membership
-        from .net.pull import PULL_PROTOCOL, DigestPuller
+        from ..net.gossip import GossipService
+        from ..net.host import build_stack, dialable_addrs, digest_topic, run_stack
+        from ..net.identity import load_or_create_identity
+        from ..net.membership import Membership
+        from ..net.pull import PULL_PROTOCOL, DigestPuller
 
         config = self.config
         if self._given_engine is not None:

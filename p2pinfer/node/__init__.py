@@ -1,0 +1,28 @@
+"""The live node: an engine, the routing core and a libp2p overlay.
+
+``async with Node(config) as node`` starts everything in a nursery the node
+owns; ``node.generate(...)`` routes one request and serves it here or
+forwards it; :class:`SyncNode` runs a node on a thread for plain scripts.
+"""
+
+from .wiring import (
+    Attempt,
+    DeadlineExceeded,
+    GenerateResult,
+    Node,
+    NodeConfig,
+    NodeError,
+    RequestFailed,
+    SyncNode,
+)
+
+__all__ = [
+    "Attempt",
+    "DeadlineExceeded",
+    "GenerateResult",
+    "Node",
+    "NodeConfig",
+    "NodeError",
+    "RequestFailed",
+    "SyncNode",
+]
