@@ -5,16 +5,12 @@ owns; ``node.generate(...)`` routes one request and serves it here or
 forwards it; :class:`SyncNode` runs a node on a thread for plain scripts.
 """
 
-from .wiring import (
-    Attempt,
-    DeadlineExceeded,
-    GenerateResult,
-    Node,
-    NodeConfig,
-    NodeError,
-    RequestFailed,
-    SyncNode,
-)
+from ..core.attempts import Attempt
+from ..net.config import NodeConfig
+from ..net.forward import DeadlineExceeded
+from .results import GenerateResult, NodeError, RequestFailed
+from .sync import SyncNode
+from .wiring import Node
 
 __all__ = [
     "Attempt",

@@ -1,0 +1,62 @@
+"""What a request on a live node ends with: a result, or an explicit failure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..core.attempts import Attempt
+from ..core.policies import Decision
+from ..engines.base import ChatMessage, GenerationRecord
+
+__all__ = ["GenerateResult", "NodeError", "Prompt", "RequestFailed"]
+
+Prompt = str | Sequence[int] | Sequence[ChatMessage]
+"""Text, chat messages (through the model's template) or token ids."""
+
+
+class NodeError(RuntimeError):
+    """The node cannot do what was asked (not started, bad prompt type...)."""
+
+
+class RequestFailed(NodeError):
+    """Every candidate refused or failed; ``attempts`` says what each did."""
+
+    def __init__(self, message: str, attempts: list[Attempt]) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+@dataclass
+class GenerateResult:
+    """The last item of :meth:`Node.generate`: what happened and why."""
+
+    request_id: str
+    served_by: str
+    served_locally: bool
+    hops: int
+    policy: str
+    reason: str
+    predicted_reused_tokens: int
+    reused_tokens: int
+    """Realised: prompt tokens the serving engine took from its cache."""
+    prompt_tokens: int
+    generated_tokens: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    ttft_s: float
+    """Measured at this node, from the call to the first token."""
+    total_s: float
+    record: GenerationRecord
+    """The serving engine's own record (of the last attempt)."""
+    attempts: list[Attempt] = field(default_factory=list)
+    decision: Decision | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k not in ("record", "attempts", "decision")}
+        out["record"] = asdict(self.record)
+        out["attempts"] = [a.as_dict() for a in self.attempts]
+        out["decision"] = self.decision.as_dict() if self.decision else None
+        return out

@@ -1,0 +1,263 @@
+"""A request on a live node: tokenise once, route, then run the core's
+request lifecycle (:class:`~p2pinfer.core.attempts.RequestAttempts`):
+serve here or forward, fall back on BUSY or a lost peer (continuing from the
+tokens already produced), sanction an overclaiming peer, and end with a
+:class:`~p2pinfer.node.results.GenerateResult`.
+
+:meth:`NodeServing.serve_here` is the one path by which this node's engine
+serves a request, local or forwarded (the forward server is given it).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import replace
+import logging
+import secrets
+import time
+from typing import Any
+
+import trio
+
+from ..core.attempts import (
+    DeadlinePassed,
+    Event,
+    Fail,
+    Finish,
+    ForwardTo,
+    PeerLost,
+    Refused,
+    RequestAttempts,
+    Sanction,
+    ServeHere,
+)
+from ..core.attempts import Done as AttemptDone
+from ..core.policies import Decision
+from ..core.router import Router
+from ..engines.base import Engine, EngineOverloadedError, GenerationParams, GenerationRecord, TokenChunk
+from ..net.config import NodeConfig
+from ..net.counters import NodeCounters
+from ..net.forward import DeadlineExceeded, ForwardClient, ForwardFailed
+from ..net.other_models import OtherModels
+from ..net.sanctions import PeerSanctions
+from ..net.wire import Done, RemoteError, encode_request, fingerprint_in_message
+from .results import GenerateResult, NodeError, Prompt, RequestFailed
+
+__all__ = ["NodeServing"]
+
+log = logging.getLogger("p2pinfer.node")
+
+
+class NodeServing:
+    """A mixin of :class:`~p2pinfer.node.Node`: its requests."""
+
+    config: NodeConfig
+    engine: Engine
+    router: Router
+    counters: NodeCounters
+    forward_client: ForwardClient
+    other_models: OtherModels
+    sanctions: PeerSanctions
+    peer_id: str
+    _nursery: trio.Nursery | None
+
+    def tokens_for(self, prompt: Prompt) -> list[int]:
+        """Tokenise once, here at the entry node, with the engine's own tokenizer."""
+        if isinstance(prompt, str):
+            return self.engine.tokenize(prompt)
+        items = list(prompt)
+        if items and all(isinstance(m, Mapping) for m in items):
+            return self.engine.chat_tokens(items)  # type: ignore[arg-type]
+        if all(type(t) is int for t in items):
+            return items  # type: ignore[return-value]
+        raise NodeError("prompt must be text, a list of chat messages or a list of token ids")
+
+    async def generate(
+        self,
+        prompt: Prompt,
+        params: GenerationParams | None = None,
+        *,
+        prefer: str | None = None,
+        timeout_s: float | None = None,
+        **overrides: Any,
+    ) -> AsyncIterator[TokenChunk | GenerateResult]:
+        """Stream :class:`TokenChunk` items, then one :class:`GenerateResult`.
+
+        ``prefer`` (a peer id, or ``"local"``) is tried first, before the
+        policy's ranking. Raises ``InvalidRequestError`` for a bad request,
+        :class:`RequestFailed` when nobody could serve it and
+        :class:`DeadlineExceeded` after ``timeout_s``. Close the iterator
+        (``contextlib.aclosing``) to abandon a request: the serving peer's
+        stream is reset and its engine freed.
+        """
+        if self._nursery is None:
+            raise NodeError("the node is not running (use `async with Node(...)`)")
+        params = replace(params or GenerationParams(), **overrides)
+        tokens = self.tokens_for(prompt)
+        self.engine.validate_tokens(tokens, params)
+        self.counters.requests += 1
+        t0 = time.perf_counter()
+        deadline = trio.current_time() + (timeout_s or self.config.request_timeout_s)
+        request_id = secrets.token_bytes(16)
+        decision, hashes = self.router.route(tokens, self.engine.load(), time.monotonic())
+        life = self.new_attempts(decision, tokens, hashes, params.max_tokens, prefer)
+        out: list[int] = []
+        text: list[str] = []
+        ttft: float | None = None
+        record: GenerationRecord | None = None
+        actions = deque(life.start())
+        while actions:
+            action = actions.popleft()
+            if isinstance(action, Finish):
+                break
+            if isinstance(action, Sanction):
+                self.counters.peers_distrusted += 1
+                self.sanctions.distrust(action.peer, action.reason)  # keeps it out: no gossip, no pull
+                continue
+            if isinstance(action, Fail):
+                self.counters.requests_failed += 1
+                if action.reason == "deadline":
+                    raise DeadlineExceeded(action.message)
+                raise RequestFailed(action.message, life.attempts)
+            # ForwardTo or ServeHere: one try, from the tokens produced so far.
+            if action.resume_from:
+                self.counters.resumed += 1
+            run_tokens = tokens + out
+            run_params = replace(params, max_tokens=params.max_tokens - action.resume_from)
+            if isinstance(action, ServeHere):
+                source = self.serve_here(run_tokens, run_params, deadline)
+            else:
+                wire = encode_request(
+                    request_id=request_id,
+                    tokens=run_tokens,
+                    params=run_params,
+                    hops=1,
+                    deadline_ms=int(max(0.0, deadline - trio.current_time()) * 1000) or 1,
+                    fingerprint=self.router.fingerprint_hex,
+                    predicted_match_tokens=action.predicted_match_tokens,
+                    origin=self.peer_id,
+                    resumed_tokens=action.resume_from,
+                )
+                source = self.forward_client.stream(action.peer, wire, deadline=deadline)
+            generated = 0
+            event: Event
+            try:
+                async with aclosing(source) as items:
+                    async for item in items:
+                        if isinstance(item, TokenChunk):
+                            if ttft is None:
+                                ttft = time.perf_counter() - t0
+                            out.extend(item.token_ids)
+                            text.append(item.text)
+                            generated += len(item.token_ids)
+                            yield item
+                        elif isinstance(item, Done):
+                            record = item.record
+                        else:
+                            record = item
+                assert record is not None
+                event = AttemptDone(record.reused_tokens, generated)
+            except RemoteError as exc:
+                event = Refused(exc.code, exc.message, generated)
+                self._on_refusal(action, exc)
+            except ForwardFailed as exc:
+                event = PeerLost(str(exc), generated)
+                self.counters.forward_failures += 1
+                self.counters.fallbacks += 1
+                log.info("forward to %s lost: %s", life.current.target, exc)
+            except EngineOverloadedError as exc:
+                event = Refused("BUSY", str(exc), generated)
+                self.counters.fallbacks += 1
+            except DeadlineExceeded as exc:
+                event = DeadlinePassed(str(exc))
+            actions.extend(life.handle(event, time.monotonic()))
+        served = life.current
+        total = time.perf_counter() - t0
+        if record is None or served.outcome != "done":  # every token arrived, the final record did not
+            record = GenerationRecord(len(tokens), 0, len(out), ttft or total, total, "length")
+        if served.local:
+            self.counters.served_local += 1
+        else:
+            self.counters.served_remote += 1
+        attempts = life.attempts
+        reason = decision.reason
+        if len(attempts) > 1:
+            reason += f"; served by attempt {len(attempts)} after " + ", ".join(
+                f"{a.target[:12]} {a.outcome}" for a in attempts[:-1]
+            )
+        if prefer:
+            reason = f"preferred {prefer[:12]}; " + reason
+        yield GenerateResult(
+            request_id=request_id.hex(),
+            served_by=served.target,
+            served_locally=served.local,
+            hops=0 if served.local else 1,
+            policy=decision.policy,
+            reason=reason,
+            predicted_reused_tokens=served.predicted_reused_tokens,
+            reused_tokens=record.reused_tokens,
+            prompt_tokens=len(tokens),
+            generated_tokens=len(out),
+            token_ids=out,
+            text="".join(text),
+            finish_reason=record.finish_reason,
+            ttft_s=ttft if ttft is not None else total,
+            total_s=total,
+            record=record,
+            attempts=attempts,
+            decision=decision,
+        )
+
+    async def complete(self, prompt: Prompt, params: GenerationParams | None = None, **kwargs: Any) -> GenerateResult:
+        """:meth:`generate` without the stream: just the result."""
+        async with aclosing(self.generate(prompt, params, **kwargs)) as items:
+            async for item in items:
+                if isinstance(item, GenerateResult):
+                    return item
+        raise NodeError("generation ended without a result")  # pragma: no cover
+
+    def new_attempts(
+        self, decision: Decision, tokens: list[int], hashes: Sequence[int], max_tokens: int, prefer: str | None = None
+    ) -> RequestAttempts:
+        """The lifecycle of a request entering here (the simulator's nodes build the same)."""
+        return RequestAttempts(self.router, decision, tokens, hashes, max_tokens=max_tokens, prefer=prefer)
+
+    def _on_refusal(self, action: ForwardTo | ServeHere, exc: RemoteError) -> None:
+        """The edge's part of a refusal (the lifecycle does the routing part)."""
+        self.counters.refusals_received[exc.code] += 1
+        self.counters.fallbacks += 1
+        if isinstance(action, ForwardTo) and exc.code == "MODEL_MISMATCH":
+            # Its engine runs another model (whatever its gossip claimed): its gossip is refused from now on.
+            self.other_models.note(action.peer, fingerprint_in_message(exc.message), "its answer to a forwarded request")
+            return
+        log.info("peer %s refused: %s %s", getattr(action, "peer", "local"), exc.code, exc.message)
+
+    async def serve_here(
+        self, tokens: list[int], params: GenerationParams, deadline: float
+    ) -> AsyncIterator[TokenChunk | GenerationRecord]:
+        """Run a request on this node's engine: the one path for local and
+        forwarded requests. Its prompt is listed in our digest while it is
+        served; raises :class:`DeadlineExceeded` at ``deadline`` (trio clock)."""
+        # No cancel scope may span a `yield` in an async generator, so the
+        # deadline is applied to each step separately.
+        items = self.engine.generate(tokens, params)
+        in_service = self.router.begin_serving(tokens)
+        try:
+            while True:
+                got = False
+                with trio.move_on_at(deadline):
+                    try:
+                        item = await items.__anext__()
+                    except StopAsyncIteration:
+                        return
+                    got = True
+                if not got:
+                    raise DeadlineExceeded("local generation passed its deadline")
+                yield item
+        finally:
+            try:
+                await items.aclose()
+            finally:
+                self.router.end_serving(in_service)

@@ -1,0 +1,102 @@
+"""What a node reports about itself: ``/status``, ``p2pinfer status``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import time
+from typing import Any
+
+from ..core.router import Router
+from ..engines.base import Engine
+from ..net.config import NodeConfig
+from ..net.counters import NodeCounters
+from ..net.forward import ForwardServer
+from ..net.other_models import OtherModels
+from ..net.sanctions import PeerSanctions
+
+__all__ = ["NodeStatus"]
+
+
+class NodeStatus:
+    """A mixin of :class:`~p2pinfer.node.Node`: its status report."""
+
+    config: NodeConfig
+    engine: Engine
+    router: Router
+    counters: NodeCounters
+    forward_server: ForwardServer
+    other_models: OtherModels
+    sanctions: PeerSanctions
+    membership: Any
+    host: Any
+    _libp2p: Any
+    peer_id: str
+    addrs: list[str]
+    topic: str
+    started_at: float
+    is_busy: Callable[[], bool]
+
+    def status(self) -> dict[str, Any]:
+        """Everything an operator (or /status) wants to see, JSON-ready."""
+        now = time.monotonic()
+        load = self.engine.load()
+        peers = []
+        for state in self.router.view:
+            peers.append(
+                {
+                    "peer_id": state.peer_id,
+                    "eligible": self.router.view.eligible(state, now),
+                    "busy": state.is_busy(now),
+                    "distrusted": state.is_distrusted(now),
+                    "trust": round(state.trust, 3),
+                    "rtt_ms": None if state.rtt_ms is None else round(state.rtt_ms, 3),
+                    "digest_version": state.version,
+                    "digest_age_s": state.digest_age(now),
+                    "cached_blocks": len(state.hashes),
+                    "queued_prefill_tokens": state.load.queued_prefill_tokens,
+                    "last_seen_s": round(now - state.last_seen, 3),
+                    "connected": state.peer_id in self.membership.connected(),
+                }
+            )
+        return {
+            "peer_id": self.peer_id,
+            "addrs": list(self.addrs),
+            "topic": self.topic,
+            "model_fingerprint": self.router.fingerprint_hex,
+            "engine": self.engine.describe(),
+            "policy": self.router.policy.name,
+            "uptime_s": round(now - self.started_at, 3),
+            "load": {
+                "queued_prefill_tokens": load.queued_prefill_tokens,
+                "prefill_ms_per_token": load.prefill_ms_per_token,
+                "active_requests": load.active_requests,
+                "busy": self.is_busy(),
+                "forwards_in_flight": self.forward_server.inflight,
+            },
+            "digest": {
+                "version": self.router.tracker.version,
+                "epoch": self.router.tracker.epoch,
+                "blocks": len(self.router.tracker),
+                "pending": self.router.tracker.pending,
+            },
+            "connected_peers": sorted(self.membership.connected()),
+            "peers": peers,
+            "distrusted_peers": self.sanctions.remaining(),
+            "gossip_scores": self._gossip_scores(),
+            "other_model_peers": self.other_models.as_dict(),
+            "streams_per_peer": dict(self.forward_server.streams),
+            "counters": self.counters.as_dict(),
+        }
+
+    def _gossip_scores(self) -> dict[str, float]:
+        """gossipsub's peer score of each connected peer (0 unless we penalised it)."""
+        scorer = self._libp2p.gossipsub.scorer
+        out: dict[str, float] = {}
+        if scorer is None:
+            return out
+        for peer in self.host.get_connected_peers():
+            try:
+                out[peer.to_base58()] = round(scorer.score(peer, [self.topic]), 3)
+            except Exception:  # scoring is advisory; never break /status
+                continue
+        return out
