@@ -35,7 +35,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cache-tokens", type=int, help="prefix-cache budget in tokens")
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI API port (0 = any)")
     p.add_argument("--key-file", default="~/.p2pinfer/volunteer.key")
-    p.add_argument("--secret", help="swarm secret, if the swarm is private")
+    p.add_argument("--swarm-secret", "--secret", dest="secret", help="swarm secret, if the swarm is private")
     p.add_argument("--ready-file", help="write peer id and addresses as JSON here once serving")
     p.add_argument("--cpu-repack", action="store_true", help="let llama.cpp repack weights for this CPU (crashes on some Intel AMX CPUs)")
     return p.parse_args()
@@ -67,7 +67,7 @@ async def main(args: argparse.Namespace) -> None:
         listen=(args.listen,),
         announce=tuple(args.announce),
         bootstrap=tuple(args.bootstrap),
-        identity_file=str(key_file),
+        key_file=str(key_file),
         engine=args.engine,
         engine_options=options,
         swarm_secret=args.secret.encode() if args.secret else None,

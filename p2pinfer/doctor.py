@@ -174,7 +174,7 @@ def _libp2p_info(settings: Any) -> dict[str, Any]:
             "mdns": bool(settings.mdns),
             "gossip_peer_exchange": True,
         },
-        "private_network": bool(settings.private),
+        "private_network": bool(settings.private_network),
     }
 
 

@@ -66,7 +66,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         ),
         gpu_layers: Optional[int] = typer.Option(None, help="Layers to offload to the GPU (-1 = all)."),
         threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp."),
-        context: Optional[int] = typer.Option(None, help="Context size in tokens."),
+        context_size: Optional[int] = typer.Option(None, "--context-size", "--context", help="Context size in tokens."),
         cache_tokens: Optional[int] = typer.Option(None, help="Prefix-cache budget in tokens."),
         config: Optional[str] = typer.Option(None, "--config", help="TOML config file (also $P2PINFER_CONFIG), as for `p2pinfer node`."),
         engine_check: bool = typer.Option(True, "--engine-check/--no-engine-check", help="Try the engine in a child process."),
@@ -82,7 +82,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from .settings import SettingsError, resolve_settings
 
         flags = {"model": model, "cpu_repack": cpu_repack, "gpu_layers": gpu_layers, "threads": threads,
-                 "context": context, "cache_tokens": cache_tokens, "engine": "llama-cpp"}
+                 "context_size": context_size, "cache_tokens": cache_tokens, "engine": "llama-cpp"}
         try:
             settings, _ = resolve_settings(flags, config_path=config)
         except SettingsError as exc:

@@ -21,13 +21,13 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
     if settings.cache_tokens is not None:
         opts["cache_tokens"] = settings.cache_tokens
     if settings.engine == "simulated":
-        if settings.context is not None:
-            opts["context_size"] = settings.context
+        if settings.context_size is not None:
+            opts["context_size"] = settings.context_size
         return opts
     if settings.model:
         opts["model_path"] = str(Path(settings.model).expanduser())
-    if settings.context is not None:
-        opts["context_size"] = settings.context
+    if settings.context_size is not None:
+        opts["context_size"] = settings.context_size
     if settings.threads is not None:
         opts["threads"] = settings.threads
     if settings.gpu_layers is not None:
@@ -41,8 +41,8 @@ def node_config_from_settings(settings: NodeSettings) -> Any:
     from ..core.router import RouterConfig
     from ..net.config import ConfigError, NodeConfig
 
-    if settings.private and not settings.secret:
-        raise SettingsError("--private needs --secret (the pre-shared key is derived from it)")
+    if settings.private_network and not settings.swarm_secret:
+        raise SettingsError("--private-network needs --swarm-secret (the pre-shared key is derived from it)")
     key_file = str(Path(settings.key_file).expanduser()) if settings.key_file else None
     if key_file:
         Path(key_file).parent.mkdir(parents=True, exist_ok=True)
@@ -52,12 +52,12 @@ def node_config_from_settings(settings: NodeSettings) -> Any:
             announce=tuple(settings.announce),
             bootstrap=tuple(settings.bootstrap),
             mdns=settings.mdns,
-            identity_file=key_file,
+            key_file=key_file,
             engine=settings.engine,
             engine_options=engine_options(settings),
             router=RouterConfig(policy=settings.policy),
-            swarm_secret=settings.secret.encode() if settings.secret else None,
-            private_network=settings.private,
+            swarm_secret=settings.swarm_secret.encode() if settings.swarm_secret else None,
+            private_network=settings.private_network,
         )
     except ConfigError as exc:
         raise SettingsError(str(exc)) from None
@@ -176,7 +176,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         http_host: Optional[str] = typer.Option(None, help="HTTP API address (default 127.0.0.1)."),
         http_port: Optional[int] = typer.Option(None, help="HTTP API port (default 8000; 0 = any free port)."),
         cache_tokens: Optional[int] = typer.Option(None, help="Prefix-cache budget in tokens."),
-        context: Optional[int] = typer.Option(None, help="Context size in tokens."),
+        context_size: Optional[int] = typer.Option(None, "--context-size", "--context", help="Context size in tokens."),
         threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp."),
         gpu_layers: Optional[int] = typer.Option(None, help="Layers to offload to the GPU (-1 = all)."),
         engine_check: Optional[bool] = typer.Option(
@@ -190,8 +190,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         ),
         policy: Optional[str] = typer.Option(None, help="Routing policy: cost, paper, random, round-robin, least-loaded, local."),
         key_file: Optional[str] = typer.Option(None, help="Identity key file (created if missing)."),
-        secret: Optional[str] = typer.Option(None, help="Swarm secret (keys the digests)."),
-        private: Optional[bool] = typer.Option(None, "--private/--public", help="Private swarm: libp2p pre-shared key from the secret."),
+        swarm_secret: Optional[str] = typer.Option(None, "--swarm-secret", "--secret", help="Swarm secret (keys the digests)."),
+        private_network: Optional[bool] = typer.Option(
+            None, "--private-network/--public-network", "--private/--public",
+            help="Private swarm: libp2p pre-shared key from the swarm secret.",
+        ),
         max_concurrent: Optional[int] = typer.Option(None, help="HTTP requests in flight before 503."),
         api_key: Optional[list[str]] = typer.Option(None, help="API key clients must send as 'Authorization: Bearer KEY' (repeatable)."),
         api_key_file: Optional[str] = typer.Option(None, help="File of API keys, one per line."),

@@ -47,7 +47,8 @@ class NodeSettings:
     http_port: int = 8000
     cache_tokens: int | None = None
     """Prefix-cache budget in tokens (engine default when unset)."""
-    context: int | None = None
+    context_size: int | None = None
+    """Context size in tokens (prompt + generated); engine default when unset."""
     threads: int | None = None
     gpu_layers: int | None = None
     """Layers to offload; unset = all when llama.cpp has GPU offload, else 0."""
@@ -61,9 +62,9 @@ class NodeSettings:
     policy: str = "cost"
     key_file: str | None = "~/.p2pinfer/node.key"
     """Persistent libp2p identity; empty for a new identity at every start."""
-    secret: str | None = None
-    """Swarm secret: keys block hashes, and with ``private`` the libp2p pre-shared key."""
-    private: bool = False
+    swarm_secret: str | None = None
+    """Keys block hashes, and with ``private_network`` the libp2p pre-shared key."""
+    private_network: bool = False
     log_level: str = "INFO"
     max_concurrent: int = 128
     """HTTP requests in flight before the node answers 503."""
@@ -78,6 +79,9 @@ class NodeSettings:
 
 
 _FIELDS = {f.name: f for f in fields(NodeSettings)}
+
+RENAMED = {"context": "context_size", "secret": "swarm_secret", "private": "private_network"}
+"""Old setting names (until issue 15): an error that names the new one, never silently ignored."""
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
@@ -119,6 +123,11 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise SettingsError(f"config file {p} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"config file {p} is not valid TOML: {exc}") from None
+    renamed = sorted(set(data) & set(RENAMED))
+    if renamed:
+        raise SettingsError(
+            f"config file {p}: " + ", ".join(f"{old} is now called {RENAMED[old]}" for old in renamed)
+        )
     unknown = sorted(set(data) - set(_FIELDS))
     if unknown:
         raise SettingsError(f"config file {p}: unknown settings {', '.join(unknown)} (see docs/configuration.md)")
@@ -130,6 +139,9 @@ def resolve_settings(
 ) -> tuple[NodeSettings, dict[str, str]]:
     """Merge the sources; returns the settings and where each came from."""
     env = os.environ if env is None else env
+    for old, new in RENAMED.items():
+        if ENV_PREFIX + old.upper() in env:
+            raise SettingsError(f"${ENV_PREFIX}{old.upper()} is now called ${ENV_PREFIX}{new.upper()}")
     config_path = config_path or env.get(ENV_PREFIX + "CONFIG") or None
     file_values = load_config_file(config_path) if config_path else {}
     settings = NodeSettings()

@@ -40,10 +40,11 @@ class NodeConfig:
     Works where multicast reaches the other hosts: one LAN segment or one
     machine. It does not cross routers, and most cloud networks and
     container bridges drop multicast; use ``bootstrap`` there."""
-    identity_file: str | None = None
+    key_file: str | None = None
     """Ed25519 key file (created 0600 when missing); ``None`` = new identity each start."""
-    engine: str = "simulated"
-    """Engine entry point name (see :mod:`p2pinfer.engines.registry`)."""
+    engine: str = "llama-cpp"
+    """Engine entry point name (see :mod:`p2pinfer.engines.registry`); the
+    ``simulated`` engine is chosen by name only."""
     engine_options: Mapping[str, Any] = field(default_factory=dict)
     router: RouterConfig = field(default_factory=RouterConfig)
     swarm_secret: bytes | None = None
@@ -122,6 +123,6 @@ class NodeConfig:
             if isinstance(r.get("trust"), Mapping):
                 r["trust"] = TrustConfig(**r["trust"])
             kwargs["router"] = RouterConfig(**r)
-        if "identity_file" in kwargs and isinstance(kwargs["identity_file"], Path):
-            kwargs["identity_file"] = str(kwargs["identity_file"])
+        if "key_file" in kwargs and isinstance(kwargs["key_file"], Path):
+            kwargs["key_file"] = str(kwargs["key_file"])
         return cls(**kwargs)

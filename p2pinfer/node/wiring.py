@@ -93,7 +93,7 @@ class Node(NodeServing, NodeStatus):
         else:
             self.engine = load_engine(config.engine, **dict(config.engine_options))
             stack.push_async_callback(self.engine.aclose)
-        key_pair = load_or_create_identity(config.identity_file)
+        key_pair = load_or_create_identity(config.key_file)
         self.peer_id = ID.from_pubkey(key_pair.public_key).to_base58()
         self.router = self._router_factory(
             self.peer_id,

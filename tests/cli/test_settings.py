@@ -51,3 +51,21 @@ def test_bad_settings_name_the_source(tmp_path: Path, content: str, env: dict[st
 def test_missing_config_file() -> None:
     with pytest.raises(SettingsError, match="does not exist"):
         resolve_settings({}, env={}, config_path="/nonexistent/p2pinfer.toml")
+
+
+def test_one_name_per_setting_and_the_old_names_say_what_they_became(tmp_path: Path) -> None:
+    from p2pinfer.cli.node_cmd import node_config_from_settings
+    from p2pinfer.net.config import NodeConfig
+
+    cfg = tmp_path / "node.toml"
+    cfg.write_text('swarm_secret = "s"\nprivate_network = true\ncontext_size = 512\nkey_file = ""\n')
+    settings, _ = resolve_settings({}, env={}, config_path=str(cfg))
+    config = node_config_from_settings(settings)
+    assert (config.swarm_secret, config.private_network, config.key_file) == (b"s", True, None)
+    assert config.engine == NodeConfig().engine == settings.engine == "llama-cpp"
+    assert config.engine_options["context_size"] == 512
+    cfg.write_text('secret = "s"\nprivate = true\n')
+    with pytest.raises(SettingsError, match="private is now called private_network, secret is now called swarm_secret"):
+        resolve_settings({}, env={}, config_path=str(cfg))
+    with pytest.raises(SettingsError, match=r"\$P2PINFER_CONTEXT is now called \$P2PINFER_CONTEXT_SIZE"):
+        resolve_settings({}, env={"P2PINFER_CONTEXT": "512"})

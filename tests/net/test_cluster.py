@@ -147,7 +147,7 @@ def test_killed_node_leaves_every_view_and_requests_keep_flowing(cluster, tmp_pa
     gossip = GossipConfig(delta_interval_s=0.1, full_interval_s=1.0, load_interval_s=0.25, peer_ttl_s=2.0)
     key = str(tmp_path / "c.key")
     a, b, c = cluster.three(
-        A={"speed": 0.1, "gossip": gossip}, B={"speed": 0.1, "gossip": gossip}, C={"speed": 0.1, "gossip": gossip, "identity_file": key}
+        A={"speed": 0.1, "gossip": gossip}, B={"speed": 0.1, "gossip": gossip}, C={"speed": 0.1, "gossip": gossip, "key_file": key}
     )
     shared = prompt(31)
     c.call("generate", tokens=shared, max_tokens=1, prefer="local")
@@ -171,7 +171,7 @@ def test_killed_node_leaves_every_view_and_requests_keep_flowing(cluster, tmp_pa
     assert gone_after > 0
 
     # C comes back with the same identity: re-admitted, with a new epoch.
-    c2 = cluster.start("C2", fast_config(bootstrap=(b.addr,), speed=0.1, gossip=gossip, identity_file=key))
+    c2 = cluster.start("C2", fast_config(bootstrap=(b.addr,), speed=0.1, gossip=gossip, key_file=key))
     assert c2.peer_id == c_id
     wait_until(lambda: all(n.call("view").get(c_id, {}).get("eligible") for n in (a, b)), 15, what="C re-admitted")
     assert a.call("view_hashes", peer=c_id) == []  # the restarted C caches nothing yet
