@@ -404,7 +404,7 @@ def metrics_snapshot(node: Node) -> dict[str, Any]:
     for p in view:
         if p.is_distrusted(now):
             by_state["distrusted"] += 1
-        elif p.is_busy(now):
+        elif p.backing_off(now):
             by_state["busy"] += 1
         elif view.eligible(p, now):
             by_state["eligible"] += 1

@@ -71,10 +71,10 @@ def simulate(
     busy_valve: bool = typer.Option(True, "--busy-valve/--no-busy-valve", help="Nodes over the busy threshold refuse forwards."),
     busy_queue_ms: float = typer.Option(15000.0, min=0.0, help="Queued prefill (ms) above which a node is busy."),
     work_weight: float = typer.Option(
-        1.0, min=0.0, max=10.0, help="CostModel.work_weight for cost and oracle: weight of the prefill work itself under contention (0: greedy TTFT)."
+        1.0, min=0.0, max=10.0, help="TtftEstimator.work_weight for cost and oracle: weight of the prefill work itself under contention (0: greedy TTFT)."
     ),
     drain: bool = typer.Option(
-        True, "--drain/--no-drain", help="CostModel.drain_reported_queue (switch off to measure what it brings)."
+        True, "--drain/--no-drain", help="TtftEstimator.drain_reported_queue (switch off to measure what it brings)."
     ),
     delta_interval: float = typer.Option(0.25, min=0.001, help="Seconds between digest deltas."),
     full_interval: float = typer.Option(5.0, min=0.001, help="Seconds between full digests."),

@@ -12,7 +12,7 @@ from .peers import Load, PeerState, PeerView
 from .policies import (
     LOCAL,
     POLICIES,
-    CostModel,
+    TtftEstimator,
     CostPolicy,
     Decision,
     LocalState,
@@ -34,7 +34,7 @@ __all__ = [
     "LOCAL",
     "POLICIES",
     "BlockHasher",
-    "CostModel",
+    "TtftEstimator",
     "CostPolicy",
     "Decision",
     "Digest",

@@ -739,9 +739,9 @@ class DirectoryStore:
         A holder's match is the deepest query block it registered (chained
         hashes: holding block *i* means holding 0..i); with a query stride
         above 1 that understates it by fewer than ``stride`` blocks. Holders are ranked by
-        the same terms ``CostModel`` uses, without the RTT the directory
+        the same terms ``TtftEstimator`` uses, without the RTT the directory
         cannot know: reported queue (drained since the report, as
-        ``CostModel.drain_reported_queue`` does) plus the uncached prefill.
+        ``TtftEstimator.drain_reported_queue`` does) plus the uncached prefill.
         Cost: O(query blocks + holders of the anchor).
         """
         index = self._index.get(query.anchor)

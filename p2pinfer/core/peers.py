@@ -81,7 +81,8 @@ class PeerState:
     def digest_age(self, now: float) -> float | None:
         return None if self.digest_at is None else max(0.0, now - self.digest_at)
 
-    def is_busy(self, now: float) -> bool:
+    def backing_off(self, now: float) -> bool:
+        """It said BUSY (a refusal or its load report): we stay away until ``busy_until``."""
         return now < self.busy_until
 
     def is_distrusted(self, now: float) -> bool:
@@ -256,7 +257,7 @@ class PeerView:
 
     def eligible(self, state: PeerState, now: float) -> bool:
         """May receive work now: same model, not backing off, trusted."""
-        return state.fingerprint == self.fingerprint and not state.is_busy(now) and not state.is_distrusted(now)
+        return state.fingerprint == self.fingerprint and not state.backing_off(now) and not state.is_distrusted(now)
 
     def update_load(self, peer_id: str, load: Load, now: float, busy_for: float = 0.0) -> None:
         state = self.add(peer_id, now)

@@ -68,7 +68,7 @@ class Candidate:
     digest_age_s: float | None = None
     score_ms: float | None = None
     """What ``cost`` ranks by: ``est_ttft_ms`` plus ``work_weight`` x prefill
-    (see :class:`CostModel`); ``None`` means ``est_ttft_ms``."""
+    (see :class:`TtftEstimator`); ``None`` means ``est_ttft_ms``."""
 
     @property
     def score(self) -> float:
@@ -132,7 +132,7 @@ class Policy(Protocol):
 
 
 @dataclass(slots=True)
-class CostModel:
+class TtftEstimator:
     """Estimated time to first token on a candidate, in milliseconds.
 
     ``rtt + queued tokens x ms/token + uncached tokens x ms/token``; the
@@ -205,7 +205,7 @@ def _eligible(view: PeerView, now: float) -> list[PeerState]:
 
 
 def _matched_candidates(
-    model: CostModel, request: RouteRequest, view: PeerView, now: float, spare: int
+    estimator: TtftEstimator, request: RouteRequest, view: PeerView, now: float, spare: int
 ) -> list[Candidate]:
     """Eligible peers holding a prefix, plus the ``spare`` cheapest others.
 
@@ -216,9 +216,9 @@ def _matched_candidates(
     for peer_id, match in matches.items():
         peer = view.get(peer_id)
         if peer is not None and view.eligible(peer, now):
-            out.append(_peer_candidate(model, request, peer, match, now))
+            out.append(_peer_candidate(estimator, request, peer, match, now))
     for peer in view.cheapest_peers(spare, now, exclude=matches.keys()):
-        out.append(_peer_candidate(model, request, peer, 0, now))
+        out.append(_peer_candidate(estimator, request, peer, 0, now))
     return out
 
 
@@ -227,22 +227,22 @@ def _peer_matches(request: RouteRequest, view: PeerView) -> dict[str, int]:
     return {peer: n * request.block_size for peer, n in blocks.items()}
 
 
-def _local_candidate(model: CostModel, request: RouteRequest, local: LocalState) -> Candidate:
-    return model.candidate(LOCAL, request.prompt_tokens, local.match_tokens, local.load, 0.0)
+def _local_candidate(estimator: TtftEstimator, request: RouteRequest, local: LocalState) -> Candidate:
+    return estimator.candidate(LOCAL, request.prompt_tokens, local.match_tokens, local.load, 0.0)
 
 
 def _peer_candidate(
-    model: CostModel, request: RouteRequest, peer: PeerState, match: int, now: float
+    estimator: TtftEstimator, request: RouteRequest, peer: PeerState, match: int, now: float
 ) -> Candidate:
     load = peer.load
-    if peer.load_at is None or now - peer.load_at > model.stale_load_s:
+    if peer.load_at is None or now - peer.load_at > estimator.stale_load_s:
         load = Load(0, peer.load.prefill_ms_per_token, 0)
-    elif model.drain_reported_queue and now > peer.load_at and load.prefill_ms_per_token > 0:
+    elif estimator.drain_reported_queue and now > peer.load_at and load.prefill_ms_per_token > 0:
         drained = int((now - peer.load_at) * 1000.0 / load.prefill_ms_per_token)
         if drained:
             load = Load(max(0, load.queued_prefill_tokens - drained), load.prefill_ms_per_token, load.active_requests)
-    rtt = model.default_rtt_ms if peer.rtt_ms is None else peer.rtt_ms
-    return model.candidate(
+    rtt = estimator.default_rtt_ms if peer.rtt_ms is None else peer.rtt_ms
+    return estimator.candidate(
         peer.peer_id, request.prompt_tokens, match, load, rtt, peer.digest_age(now)
     )
 
@@ -261,12 +261,12 @@ def _decision(name: str, ranked: list[Candidate], reason: str) -> Decision:
 
 
 def _all_candidates(
-    model: CostModel, request: RouteRequest, local: LocalState, view: PeerView, now: float
+    estimator: TtftEstimator, request: RouteRequest, local: LocalState, view: PeerView, now: float
 ) -> list[Candidate]:
     matches = _peer_matches(request, view)
-    out = [_peer_candidate(model, request, p, matches.get(p.peer_id, 0), now) for p in _eligible(view, now)]
+    out = [_peer_candidate(estimator, request, p, matches.get(p.peer_id, 0), now) for p in _eligible(view, now)]
     if local.can_serve:
-        out.append(_local_candidate(model, request, local))
+        out.append(_local_candidate(estimator, request, local))
     return out
 
 
@@ -280,13 +280,13 @@ class CostPolicy:
     Forwards only when a peer's score beats local recompute by more than
     ``tie_ms`` *and* ``tie_ratio``; so on a slow network (RTT above the
     prefill it would save, or ``1 + work_weight`` times it under
-    contention: see :class:`CostModel`) it serves locally and degrades to
+    contention: see :class:`TtftEstimator`) it serves locally and degrades to
     ``local``.
     Among near-ties it picks at random (weighted towards the cheaper) so
     that many origins do not herd onto one peer.
     """
 
-    model: CostModel = field(default_factory=CostModel)
+    estimator: TtftEstimator = field(default_factory=TtftEstimator)
     tie_ms: float = 2.0
     tie_ratio: float = 0.05
     spare_peers: int = 3
@@ -297,10 +297,10 @@ class CostPolicy:
         self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
     ) -> Decision:
         # Unmatched peers can only win on queue time; a few cheapest suffice.
-        cands = _matched_candidates(self.model, request, view, now, self.spare_peers)
+        cands = _matched_candidates(self.estimator, request, view, now, self.spare_peers)
         if local.can_serve:
-            cands.append(_local_candidate(self.model, request, local))
-        ranked = sorted(self.model.weigh_work(cands), key=lambda c: (c.score, c.target))
+            cands.append(_local_candidate(self.estimator, request, local))
+        ranked = sorted(self.estimator.weigh_work(cands), key=lambda c: (c.score, c.target))
         if not ranked:
             raise NoCandidateError("no peer can serve and this node has no engine")
         local_c = next((c for c in ranked if c.target == LOCAL), None)
@@ -349,15 +349,15 @@ class PaperPolicy:
     serve, else to a random eligible peer.
     """
 
-    model: CostModel = field(default_factory=CostModel)
+    estimator: TtftEstimator = field(default_factory=TtftEstimator)
     name: str = "paper"
 
     def decide(
         self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
     ) -> Decision:
-        cands = _matched_candidates(self.model, request, view, now, spare=3)
+        cands = _matched_candidates(self.estimator, request, view, now, spare=3)
         if local.can_serve:
-            cands.append(_local_candidate(self.model, request, local))
+            cands.append(_local_candidate(self.estimator, request, local))
         if not cands:
             raise NoCandidateError("no peer can serve and this node has no engine")
         best_match = max(c.predicted_match_tokens for c in cands)
@@ -371,13 +371,13 @@ class PaperPolicy:
 
 @dataclass
 class RandomPolicy:
-    model: CostModel = field(default_factory=CostModel)
+    estimator: TtftEstimator = field(default_factory=TtftEstimator)
     name: str = "random"
 
     def decide(
         self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
     ) -> Decision:
-        cands = sorted(_all_candidates(self.model, request, local, view, now), key=lambda c: c.target)
+        cands = sorted(_all_candidates(self.estimator, request, local, view, now), key=lambda c: c.target)
         if not cands:
             raise NoCandidateError("no peer can serve and this node has no engine")
         rng.shuffle(cands)
@@ -388,14 +388,14 @@ class RandomPolicy:
 class RoundRobinPolicy:
     """Cycles over the local node and the eligible peers in id order."""
 
-    model: CostModel = field(default_factory=CostModel)
+    estimator: TtftEstimator = field(default_factory=TtftEstimator)
     name: str = "round-robin"
     _next: int = 0
 
     def decide(
         self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
     ) -> Decision:
-        cands = sorted(_all_candidates(self.model, request, local, view, now), key=lambda c: c.target)
+        cands = sorted(_all_candidates(self.estimator, request, local, view, now), key=lambda c: c.target)
         if not cands:
             raise NoCandidateError("no peer can serve and this node has no engine")
         i = self._next % len(cands)
@@ -407,13 +407,13 @@ class RoundRobinPolicy:
 class LeastLoadedPolicy:
     """Fewest queued prefill tokens (by estimated queue time); ties random."""
 
-    model: CostModel = field(default_factory=CostModel)
+    estimator: TtftEstimator = field(default_factory=TtftEstimator)
     name: str = "least-loaded"
 
     def decide(
         self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
     ) -> Decision:
-        cands = _all_candidates(self.model, request, local, view, now)
+        cands = _all_candidates(self.estimator, request, local, view, now)
         if not cands:
             raise NoCandidateError("no peer can serve and this node has no engine")
         keyed = [(c.queue_ms, rng.random(), c) for c in cands]
@@ -426,13 +426,13 @@ class LeastLoadedPolicy:
 class LocalPolicy:
     """Serve where the request arrived; peers only as fallbacks if it cannot."""
 
-    model: CostModel = field(default_factory=CostModel)
+    estimator: TtftEstimator = field(default_factory=TtftEstimator)
     name: str = "local"
 
     def decide(
         self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
     ) -> Decision:
-        cands = sorted(_all_candidates(self.model, request, local, view, now), key=lambda c: c.target != LOCAL)
+        cands = sorted(_all_candidates(self.estimator, request, local, view, now), key=lambda c: c.target != LOCAL)
         if not cands:
             raise NoCandidateError("no peer can serve and this node has no engine")
         return _decision(self.name, cands, "serve where the request arrived")

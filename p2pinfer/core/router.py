@@ -132,7 +132,8 @@ class Router:
         by the time a request queued now starts (FIFO, one at a time)."""
         return self.tracker.in_service_blocks(hashes) * self.hasher.block_size
 
-    def is_busy(self, load: Load) -> bool:
+    def over_busy_queue(self, load: Load) -> bool:
+        """Queued prefill work over ``busy_queue_ms``: the node's valve (see ``Node.is_busy``)."""
         return load.queued_prefill_tokens * load.prefill_ms_per_token > self.config.busy_queue_ms
 
     # -- learning from peers ------------------------------------------------------

@@ -113,7 +113,7 @@ class Controller:
         now = time.monotonic()
         view = self.node.router.view
         return {
-            p.peer_id: {"eligible": view.eligible(p, now), "busy": p.is_busy(now), "blocks": len(p.hashes), "rtt_ms": p.rtt_ms}
+            p.peer_id: {"eligible": view.eligible(p, now), "busy": p.backing_off(now), "blocks": len(p.hashes), "rtt_ms": p.rtt_ms}
             for p in view
         }
 

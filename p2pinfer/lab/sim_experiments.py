@@ -155,7 +155,7 @@ def _plt() -> Any:
 
 
 W1 = "cost w=1"
-"""The cost policy with CostModel.work_weight = 1 (see docs/results.md)."""
+"""The cost policy with TtftEstimator.work_weight = 1 (see docs/results.md)."""
 VARIANTS: list[tuple[str, str, dict[str, Any]]] = [(p, p, {}) for p in SIM_POLICIES] + [(W1, "cost", {"work_weight": 1.0})]
 
 _COLORS = {

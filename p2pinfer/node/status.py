@@ -46,7 +46,7 @@ class NodeStatus:
                 {
                     "peer_id": state.peer_id,
                     "eligible": self.router.view.eligible(state, now),
-                    "busy": state.is_busy(now),
+                    "busy": state.backing_off(now),
                     "distrusted": state.is_distrusted(now),
                     "trust": round(state.trust, 3),
                     "rtt_ms": None if state.rtt_ms is None else round(state.rtt_ms, 3),

@@ -212,7 +212,7 @@ class Node(NodeServing, NodeStatus):
         if not hasattr(self, "forward_server"):
             return False
         return (
-            self.router.is_busy(self.engine.load())
+            self.router.over_busy_queue(self.engine.load())
             or self.forward_server.inflight >= self.config.max_inflight_forwards
         )
 

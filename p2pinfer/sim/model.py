@@ -22,7 +22,7 @@ from ..core.costmodel import EngineCostModel
 from ..core.directory import AnchorTracker, DirectoryConfig, DirectoryStore
 from ..core.engine_queue import EngineQueue, Ticket
 from ..core.peers import Load
-from ..core.policies import POLICIES, CostModel, Decision
+from ..core.policies import POLICIES, TtftEstimator, Decision
 from ..core.router import GossipConfig, Router, RouterConfig, TrustConfig
 from .network import DEFAULT_ENVELOPE_BYTES, DEFAULT_MESH_DEGREE, parse_latency
 
@@ -120,10 +120,10 @@ class SimConfig:
     warmup: float = 0.1
     """Share of the first arrivals left out of the statistics (cold caches)."""
     cost: EngineCostModel = field(default_factory=EngineCostModel)
-    work_weight: float = CostModel().work_weight
-    """CostModel.work_weight of the cost and oracle policies (default: the core's)."""
+    work_weight: float = TtftEstimator().work_weight
+    """TtftEstimator.work_weight of the cost and oracle policies (default: the core's)."""
     drain_reported_queue: bool = True
-    """CostModel.drain_reported_queue of the cost policy (an ablation switch)."""
+    """TtftEstimator.drain_reported_queue of the cost policy (an ablation switch)."""
     trust: TrustConfig = field(default_factory=TrustConfig)
     seed: int = 1
     record_decisions: bool = False
@@ -249,7 +249,8 @@ class SimNode:
         self.current: Job | None = None
         self.engine = EngineQueue(ms_per_token=cost.prefill_ms_per_token)
         """Its engine's queue accounting, the very model a live engine keeps."""
-        self.busy_flag = False
+        self.said_busy = False
+        """What its last load report said (the valve is edge-triggered)."""
         self.served = 0
         self.busy_s = 0.0
         self.joined_at = now
@@ -274,6 +275,11 @@ class SimNode:
 
     def load(self) -> Load:
         return self.engine.load()
+
+    def is_busy(self) -> bool:
+        """It refuses forwarded work now, as ``Node.is_busy`` (a simulated node
+        has no limit on forwards in flight, only the queue threshold)."""
+        return self.router.over_busy_queue(self.engine.load())
 
     def new_attempts(self, decision: Decision, tokens: list[int], hashes: list[int]) -> RequestAttempts:
         """The lifecycle of a request entering here (as ``Node.generate`` builds it)."""

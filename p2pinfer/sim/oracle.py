@@ -50,8 +50,6 @@ class OracleWorld(Protocol):
 
     def live_nodes(self) -> list[SimNode]: ...
 
-    def refuses(self, node: SimNode) -> bool: ...
-
 
 class OracleIndex:
     """Block hash -> indices of the live nodes whose digest lists it now:
@@ -136,7 +134,7 @@ class OracleView:
 
     def eligible(self, state: PeerState, now: float) -> bool:
         node = self.sim.by_id.get(state.peer_id)
-        return node is not None and node.alive and not self.sim.refuses(node)
+        return node is not None and node.alive and not node.is_busy()
 
     def cheapest_peers(
         self, k: int, now: float, exclude: set[str] | frozenset[str] | object = frozenset()
@@ -145,7 +143,7 @@ class OracleView:
         excluded = exclude if isinstance(exclude, (set, frozenset)) else set(exclude)  # dict keys
         keyed: list[tuple[float, str, SimNode]] = []
         for node in sim.live_nodes():
-            if node is self.decider or node.id in excluded or sim.refuses(node):
+            if node is self.decider or node.id in excluded or node.is_busy():
                 continue
             load = node.load()
             cost = sim.rtt_ms(self.decider, node) + load.queued_prefill_tokens * load.prefill_ms_per_token

@@ -40,7 +40,7 @@ from typing import Any
 from ..core.attempts import Action, Done, Fail, ForwardTo, PeerLost, Refused, Sanction, ServeHere
 from ..core.digest import Digest, decode_digest
 from ..core.directory import Answer, DirectoryView, apply_answer
-from ..core.policies import CostModel, CostPolicy, Decision, LocalState, RouteRequest
+from ..core.policies import TtftEstimator, CostPolicy, Decision, LocalState, RouteRequest
 from ..core.radix import RadixTree
 from ..core.router import Router, RouterConfig
 from ..workloads.base import PromptEncoder, TimedRequest
@@ -154,8 +154,6 @@ class Simulator(DirectoryMode):
     def live_nodes(self) -> list[SimNode]:
         return self.alive
 
-    def refuses(self, node: SimNode) -> bool:
-        return node.router.is_busy(node.load())
 
     def _assign_topic(self) -> int:
         size = self.config.topic_nodes() if self.config.topic_nodes() < self.config.nodes else 0
@@ -216,7 +214,7 @@ class Simulator(DirectoryMode):
 
     def _cost_rule(self) -> CostPolicy:
         cfg = self.config
-        return CostPolicy(model=CostModel(work_weight=cfg.work_weight, drain_reported_queue=cfg.drain_reported_queue))
+        return CostPolicy(estimator=TtftEstimator(work_weight=cfg.work_weight, drain_reported_queue=cfg.drain_reported_queue))
 
     # -- gossip --------------------------------------------------------------
     def _publish(self, src: SimNode, kind: str, obj: Any, payload_len: int, wire_len: int) -> None:
@@ -237,7 +235,7 @@ class Simulator(DirectoryMode):
 
     def _publish_load(self, src: SimNode) -> None:
         load = src.load()
-        busy = src.router.is_busy(load)
+        busy = src.router.over_busy_queue(load)
         tracker = src.router.tracker
         wire = load_report_bytes(
             src.id, self.fingerprint_hex, load.queued_prefill_tokens, load.active_requests, busy, tracker.epoch, tracker.version
@@ -315,7 +313,7 @@ class Simulator(DirectoryMode):
             data = src.router.take_delta()
             digest: Digest | None = decode_digest(data) if data is not None else None
             load = src.load()
-            busy = src.router.is_busy(load)
+            busy = src.router.over_busy_queue(load)
             for r in alive:
                 if r is src or (r.sanctioned and r.distrusts(src.id, now)):
                     continue
@@ -329,9 +327,9 @@ class Simulator(DirectoryMode):
         """The valve is edge-triggered too: a node says so as soon as it is busy."""
         if not self.config.busy_valve or not self.gossip_on or self.config.instant_gossip:
             return
-        busy = node.router.is_busy(node.load())
-        if busy != node.busy_flag:
-            node.busy_flag = busy
+        busy = node.is_busy()
+        if busy != node.said_busy:
+            node.said_busy = busy
             self._publish_load(node)
 
     def _decide(self, req: Req, node: SimNode, answer: Answer | None, hash_ns: int) -> None:
@@ -423,7 +421,7 @@ class Simulator(DirectoryMode):
         back = self.now + self.link_s(peer, origin)
         if not peer.alive:
             self.at(back, self._forward_failed, req, gen, origin, peer)
-        elif self.refuses(peer):
+        elif peer.is_busy():
             self.at(back, self._forward_refused, req, gen, origin, peer)
         else:
             self._enqueue(peer, Job(req, origin, predicted))

@@ -47,7 +47,7 @@ def test_fallbacks_in_rank_order_then_local_after_max_attempts_peers() -> None:
     assert life.handle(Done(0), 1.0) == [Finish()]
     assert [a.outcome for a in life.attempts] == ["BUSY", "failed", "BUSY", "done"]
     # BUSY backs a peer off; a lost peer leaves the view until heard from again.
-    assert r.view.get("p1").is_busy(1.5) and "p2" not in r.view and r.view.get("p3").is_busy(1.5)  # type: ignore[union-attr]
+    assert r.view.get("p1").backing_off(1.5) and "p2" not in r.view and r.view.get("p3").backing_off(1.5)  # type: ignore[union-attr]
 
 
 def test_local_at_its_rank_and_a_full_local_queue_falls_through_to_peers() -> None:
@@ -108,4 +108,4 @@ def test_model_mismatch_drops_the_peer_and_other_refusals_only_move_on() -> None
     life.start()
     assert life.handle(Refused("MODEL_MISMATCH"), 1.0) == [ForwardTo("p2", 64)]
     assert life.handle(Refused("INTERNAL"), 1.0) == [ForwardTo("p3", 64)]
-    assert "p1" not in r.view and not r.view.get("p2").is_busy(1.5)  # type: ignore[union-attr]
+    assert "p1" not in r.view and not r.view.get("p2").backing_off(1.5)  # type: ignore[union-attr]

@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 import pytest
 
 from p2pinfer.core import LOCAL, BlockHasher, Digest, Load, LocalState, ModelFingerprint, PeerView, RouteRequest, make_policy
-from p2pinfer.core.policies import CostModel, CostPolicy, NoCandidateError
+from p2pinfer.core.policies import TtftEstimator, CostPolicy, NoCandidateError
 
 FP = ModelFingerprint("m", "t", "c")
 H = BlockHasher(FP)
@@ -92,7 +92,7 @@ def test_cost_never_forwards_when_rtt_exceeds_weighted_saving(
     d = decide("cost", view, loc, seed=seed)
     if d.target != LOCAL:
         chosen = d.candidates[0]
-        w = CostModel().work_weight if (local_q or peer_q) else 0.0
+        w = TtftEstimator().work_weight if (local_q or peer_q) else 0.0
         local_prefill = max(1, len(PROMPT) - local_blocks * 16) * 4.0
         saved = (local_q * 4.0 - chosen.queue_ms) + (1 + w) * (local_prefill - chosen.prefill_ms)
         assert chosen.rtt_ms < saved
@@ -116,7 +116,7 @@ def test_cost_under_contention_forwards_to_queued_holder_instead_of_recomputing(
     view = view_with({"a": (64, 500, 1.0)})  # full match, 500 queued tokens = 2,000 ms
     loc = local(64 * 16 - 300)  # 300 tokens (1,200 ms) to prefill here
     assert decide("cost", view, loc).target == "a"
-    greedy = CostPolicy(model=CostModel(work_weight=0.0)).decide(REQ, loc, view, 0.0, random.Random(1))
+    greedy = CostPolicy(estimator=TtftEstimator(work_weight=0.0)).decide(REQ, loc, view, 0.0, random.Random(1))
     assert greedy.is_local
 
 

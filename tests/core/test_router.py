@@ -82,8 +82,8 @@ def test_overclaiming_peer_loses_trust_then_recovers() -> None:
 
 def test_busy_threshold() -> None:
     a, _ = pair()
-    assert not a.is_busy(Load(100, 4.0))
-    assert a.is_busy(Load(5000, 4.0))  # 20 s of queued prefill
+    assert not a.over_busy_queue(Load(100, 4.0))
+    assert a.over_busy_queue(Load(5000, 4.0))  # 20 s of queued prefill
 
 
 def test_a_prompt_in_service_is_listed_until_it_ends_and_stays_if_cached() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from p2pinfer.core import BlockHasher, CostPolicy, Digest, Load, LocalState, ModelFingerprint, PeerView, RouteRequest
-from p2pinfer.core.policies import CostModel
+from p2pinfer.core.policies import TtftEstimator
 
 FP = ModelFingerprint("m", "t", "c")
 PROMPT = list(range(1, 16 * 40 + 1))
@@ -18,7 +18,7 @@ def setup(drain: bool) -> tuple[CostPolicy, PeerView, RouteRequest]:
     view.apply_digest(Digest("full", "peer", FP.hex(), 1, 0, frozenset(hashes)), 0.0)
     view.update_load("peer", Load(1000, 4.0, 2), 0.0)  # 4 s of queued prefill, reported at t=0
     view.set_rtt("peer", 2.0, 0.0)
-    policy = CostPolicy(model=CostModel(drain_reported_queue=drain, work_weight=0.0))  # the drain alone
+    policy = CostPolicy(estimator=TtftEstimator(drain_reported_queue=drain, work_weight=0.0))  # the drain alone
     return policy, view, RouteRequest(len(PROMPT), hashes, 16)
 
 
@@ -50,12 +50,12 @@ def test_work_weight_counts_prefill_work_twice() -> None:
     view.set_rtt("peer", 3000.0, 0.0)
     request = RouteRequest(len(PROMPT), hashes, 16)
     local = LocalState("self", 40, Load(0, 4.0, 0))  # 600 of 640 tokens to prefill here
-    greedy = CostPolicy(model=CostModel(work_weight=0.0)).decide(request, local, view, 0.0, random.Random(1))
+    greedy = CostPolicy(estimator=TtftEstimator(work_weight=0.0)).decide(request, local, view, 0.0, random.Random(1))
     assert greedy.is_local
     # In an idle swarm the default (weight under contention only) stays greedy.
     assert CostPolicy().decide(request, local, view, 0.0, random.Random(1)).is_local
-    always = CostModel(work_weight=1.0, work_only_under_contention=False)
-    weighted = CostPolicy(model=always).decide(request, local, view, 0.0, random.Random(1))
+    always = TtftEstimator(work_weight=1.0, work_only_under_contention=False)
+    weighted = CostPolicy(estimator=always).decide(request, local, view, 0.0, random.Random(1))
     assert weighted.target == "peer"
     assert weighted.est_ttft_ms == weighted.candidates[0].est_ttft_ms == 3000.0 + 4.0  # still a TTFT estimate
     assert weighted.candidates[0].score == 3000.0 + 2 * 4.0

@@ -47,7 +47,7 @@ def run(make: Any, router: Any, sequence: list[Event], repeat: int = 1) -> list[
             actions.append(life.handle(event, 1.0))
         out.append(actions)
         out.append([(a.local, a.target if not a.local else "self", a.outcome, a.resumed_tokens) for a in life.attempts])
-    view = {p: (s.is_busy(1.5), s.is_distrusted(1.5), round(s.trust, 6)) if (s := router.view.get(p)) else None for p in PEERS}
+    view = {p: (s.backing_off(1.5), s.is_distrusted(1.5), round(s.trust, 6)) if (s := router.view.get(p)) else None for p in PEERS}
     return [out, view]
 
 
