@@ -60,3 +60,7 @@ __all__ = [
 from .router import GossipConfig, Router, RouterConfig, TrustConfig  # noqa: E402
 
 __all__ += ["GossipConfig", "Router", "RouterConfig", "TrustConfig"]
+from .attempts import RequestAttempts  # noqa: E402
+from .engine_queue import EngineQueue  # noqa: E402
+
+__all__ += ["EngineQueue", "RequestAttempts"]

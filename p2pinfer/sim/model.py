@@ -236,7 +236,7 @@ class Job:
 
 
 class SimNode:
-    """A node: cache, router, FIFO queue. ``load()`` is what its engine reports."""
+    """A node: cache, router, FIFO queue and its EngineQueue; ``load()`` is what its engine reports."""
 
     def __init__(self, idx: int, node_id: str, router: Router, cost: EngineCostModel, topic: int, now: float) -> None:
         self.idx = idx

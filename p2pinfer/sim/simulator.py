@@ -1,25 +1,31 @@
 """A discrete-event simulator of a p2pinfer swarm, running the real core.
 
-Every simulated node owns what a live node owns: a
+Every simulated node owns what a live node owns (``model.py``): a
 :class:`~p2pinfer.core.radix.RadixTree` cache under a token budget, a
 :class:`~p2pinfer.core.router.Router` (digest tracker, peer view, policy
-object) and a FIFO queue served one request at a time, like one llama.cpp
-context. Digests travel between routers as the encoded CBOR bytes
-``Router.take_delta()`` / ``Router.full_digest()`` produce, on the
-:class:`~p2pinfer.core.router.GossipConfig` schedule; what changes is only
-the clock (virtual, a heap of events) and the engine (prefill and decode
-times from :class:`~p2pinfer.core.costmodel.EngineCostModel`, with reuse
-read from the node's real radix match).
+object) and its engine's queue accounting
+(:class:`~p2pinfer.core.engine_queue.EngineQueue`), served one request at a
+time, like one llama.cpp context. Digests travel between routers as the
+encoded CBOR bytes ``Router.take_delta()`` / ``Router.full_digest()``
+produce, on the :class:`~p2pinfer.core.router.GossipConfig` schedule; what
+changes is only the clock (virtual, a heap of events) and the engine
+(prefill and decode times from
+:class:`~p2pinfer.core.costmodel.EngineCostModel`, with reuse read from the
+node's real radix match).
 
 A request: arrives at an entry node (Poisson arrivals, a random live node);
-the entry's router decides; a forward travels one link delay, the target
+the entry's router decides and the core's
+:class:`~p2pinfer.core.attempts.RequestAttempts` (the same object a live
+node runs) says what to do: a forward travels one link delay, the target
 serves it or refuses with BUSY (its queued prefill is over the threshold),
-in which case the entry backs off from it (``Router.on_busy_refusal``) and
-tries its fallbacks; the first token travels one link delay back. Time to
-first token is measured at the entry node, so a forward pays two one-way
-hops. A node that leaves loses its queue and cache; the entries of its
-requests notice one link delay later and re-route, and clients of a node
-that left retry at another node. Each arrival completes exactly once.
+and the lifecycle backs off from it and tries the next candidate; the first
+token travels one link delay back, and so does the end of the forward, with
+its realised reuse (trust). Time to first token is measured at the entry
+node, so a forward pays two one-way hops. A node that leaves loses its queue
+and cache; the entries of its requests notice one link delay later
+(``PeerLost``) and re-route, and clients of a node that left retry at
+another node (a new lifecycle there). Each arrival completes exactly once.
+The prefix directory is in ``directory_mode.py``.
 
 Each encoded message is decoded once and the resulting digest is applied to
 every receiver's router (``Router.on_digest``): that is what
