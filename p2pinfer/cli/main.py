@@ -45,6 +45,7 @@ COMMAND_MODULES = [
     "p2pinfer.cli.bench_faults",
     "p2pinfer.cli.doctor_cmd",
     "p2pinfer.cli.bench_repack",
+    "p2pinfer.cli.bench_idle",
 ]
 
 

@@ -56,6 +56,16 @@ class NodeCounters:
     peers_expired: int = 0
     dials_ok: int = 0
     dials_failed: int = 0
+    rtt_probes: int = 0
+    """libp2p pings sent to measure round-trip times."""
+    pubsub_rpcs_sent: Counter[str] = field(default_factory=Counter)
+    """Pubsub RPCs this node wrote, by what they carry (``publish load``,
+    ``publish digest``, ``ihave``, ``iwant``, ``graft``, ``prune``, ``idontwant``,
+    ``subscriptions``; an RPC carrying several kinds counts once for each):
+    relayed copies and gossipsub control traffic included."""
+    pubsub_bytes_sent: Counter[str] = field(default_factory=Counter)
+    """Bytes of those RPCs (protobuf, before yamux and Noise framing), by the
+    RPC's first kind; ``sender record`` counts the signed peer records inside them."""
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

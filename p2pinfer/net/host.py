@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import blake3
 import multiaddr
@@ -24,6 +25,7 @@ from libp2p.abc import IHost
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
+from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import DefaultMaxMessageSize
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
@@ -31,6 +33,7 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
 from .config import ConfigError, NodeConfig
+from .counters import NodeCounters
 from .sanctions import gossip_score_params
 
 __all__ = ["Libp2pStack", "derive_psk", "dialable_addrs", "digest_topic", "run_stack"]
@@ -86,6 +89,55 @@ def dialable_addrs(addrs: list[multiaddr.Multiaddr]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+_CONTROL_KINDS = ("ihave", "iwant", "graft", "prune", "idontwant")
+
+
+def _publish_kind(data: bytes) -> str:
+    """``publish load`` or ``publish digest`` from a GossipMessage's first bytes
+    (``version = 1``, then field 2 or 3), without decoding it."""
+    if data[:2] == b"\x08\x01" and len(data) > 2:
+        if data[2] == 0x12:
+            return "publish digest"
+        if data[2] == 0x1A:
+            return "publish load"
+    return "publish other"
+
+
+def rpc_kinds(rpc: rpc_pb2.RPC) -> list[str]:
+    """What one pubsub RPC carries: a kind per published message, per control part."""
+    kinds = [_publish_kind(msg.data) for msg in rpc.publish]
+    if rpc.subscriptions:
+        kinds.append("subscriptions")
+    if rpc.HasField("control"):
+        control = rpc.control
+        kinds.extend(name for name in _CONTROL_KINDS if len(getattr(control, name)))
+    return kinds or ["empty"]
+
+
+class CountingPubsub(Pubsub):
+    """py-libp2p's Pubsub, counting every RPC it writes (:attr:`NodeCounters.pubsub_rpcs_sent`).
+
+    Every outbound RPC (our messages, relayed copies, gossipsub control,
+    subscriptions) goes through :meth:`write_msg`, so this sees the whole
+    pubsub traffic of a node, which our own gossip counters (one count per
+    message we publish or receive) do not.
+    """
+
+    counters: NodeCounters | None = None
+
+    async def write_msg(self, stream: Any, rpc_msg: rpc_pb2.RPC) -> bool:
+        counters = self.counters
+        if counters is not None:
+            kinds = rpc_kinds(rpc_msg)
+            for kind in kinds:
+                counters.pubsub_rpcs_sent[kind] += 1
+            record = len(rpc_msg.senderRecord)
+            counters.pubsub_bytes_sent[kinds[0]] += rpc_msg.ByteSize() - record
+            if record:
+                counters.pubsub_bytes_sent["sender record"] += record
+        return await super().write_msg(stream, rpc_msg)
+
+
 @dataclass
 class Libp2pStack:
     host: IHost
@@ -94,7 +146,7 @@ class Libp2pStack:
     listen: list[multiaddr.Multiaddr]
 
 
-def build_stack(config: NodeConfig, key_pair: KeyPair, topic: str) -> Libp2pStack:
+def build_stack(config: NodeConfig, key_pair: KeyPair, topic: str, counters: NodeCounters | None = None) -> Libp2pStack:
     listen = _multiaddrs(config.listen, "listen")
     announce = _multiaddrs(config.announce, "announce") or None
     noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
@@ -123,13 +175,14 @@ def build_stack(config: NodeConfig, key_pair: KeyPair, topic: str) -> Libp2pStac
         # Peer scoring: only penalties we impose (sanctions.py) lower a score.
         score_params=gossip_score_params(),
     )
-    pubsub = Pubsub(
+    pubsub = CountingPubsub(
         host,
         gossipsub,
         strict_signing=True,
         max_inbound_rpc_size=DefaultMaxMessageSize,
         allowed_topics={topic},
     )
+    pubsub.counters = counters
     return Libp2pStack(host, pubsub, gossipsub, listen)
 
 

@@ -253,6 +253,7 @@ class Membership:
                     stream = await self.host.new_stream(ID.from_base58(peer_id), [PING_PROTOCOL])
                     self._ping_streams[peer_id] = stream
                 payload = secrets.token_bytes(_PING_BYTES)
+                self.counters.rtt_probes += 1
                 t0 = time.perf_counter()
                 await stream.write(payload)
                 echo = await read_exactly(stream, _PING_BYTES)

@@ -83,6 +83,7 @@ class NodeStatus:
             "peers": peers,
             "distrusted_peers": self.sanctions.remaining(),
             "gossip_scores": self._gossip_scores(),
+            "gossip_mesh_peers": len(self._libp2p.gossipsub.mesh.get(self.topic, ())),
             "other_model_peers": self.other_models.as_dict(),
             "streams_per_peer": dict(self.forward_server.streams),
             "counters": self.counters.as_dict(),

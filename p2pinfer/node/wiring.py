@@ -116,7 +116,7 @@ class Node(NodeServing, NodeStatus):
 
         config = self.config
         self.topic = digest_topic(self.router.fingerprint_hex)
-        self._libp2p = build_stack(config, key_pair, self.topic)
+        self._libp2p = build_stack(config, key_pair, self.topic, self.counters)
         host = self._libp2p.host
         self.host = host
         self.other_models = OtherModels(self.router.fingerprint_hex)

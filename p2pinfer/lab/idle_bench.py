@@ -1,0 +1,389 @@
+"""``p2pinfer bench idle``: what an idle node costs its machine, by swarm size.
+
+For each node count N: N node processes (``p2pinfer.net.testing_node``, the
+simulated engine, the default :class:`~p2pinfer.net.config.NodeConfig` a
+user gets from ``p2pinfer node --engine simulated``) on TCP loopback, the
+first one the bootstrap of the others, no requests at all. Once every node
+has every other in its view, and after a settle time, one window of
+``measure_s`` seconds is measured:
+
+* CPU per node, from ``/proc/<pid>/stat`` (utime + stime of all its
+  threads), as a fraction of one core: robust to a loaded machine, since a
+  process that waits for a core is not charged for the wait;
+* resident memory per node (``VmRSS``);
+* TCP payload bytes in and out per node per second from the kernel's
+  ``tcp_info`` (``ss -tinp``): everything libp2p sends, gossipsub control
+  traffic, Noise and yamux framing, pings and pulls included;
+* messages per second by kind: pubsub RPCs written (our messages, relayed
+  copies, IHAVE/IWANT/GRAFT/PRUNE/IDONTWANT, subscriptions), RTT probes,
+  digest pulls, from the nodes' own counters.
+
+The nodes are not called during the window (the driver reads their
+counters before and after it), so the figures are the node's own
+background cost. ``profile_s`` adds a py-spy recording of one node after
+the window (py-spy pauses the process to sample it, which costs the
+machine, not the node).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+import os
+from pathlib import Path
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+__all__ = [
+    "IdleSwarm",
+    "cpu_seconds",
+    "provenance",
+    "rss_mib",
+    "run_idle_bench",
+    "summarize_pyspy_raw",
+    "tcp_bytes_by_pid",
+]
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# -- reading the kernel's figures ----------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of every thread of ``pid`` so far (``/proc/<pid>/stat``)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime (fields 14, 15)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def mem_available_mib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+_PID_RE = re.compile(r"pid=(\d+)")
+_BYTES_RE = re.compile(r"\b(bytes_acked|bytes_received):(\d+)")
+
+
+def tcp_bytes_by_pid(pids: set[int]) -> dict[int, tuple[int, int]] | None:
+    """(bytes in, bytes out) over the established TCP sockets of each pid, or None without ``ss``.
+
+    Counts TCP payload as the kernel saw it (``bytes_received``, and
+    ``bytes_acked`` for what the peer really got); sockets opened or closed
+    between two readings are missed, which is why a node's connections
+    should be settled first.
+    """
+    if shutil.which("ss") is None:
+        return None
+    out = subprocess.run(["ss", "-tinpH", "state", "established"], capture_output=True, text=True, check=False).stdout
+    totals: dict[int, list[int]] = {pid: [0, 0] for pid in pids}
+    owner: int | None = None
+    for line in out.splitlines():
+        if not line.startswith((" ", "\t")):  # a socket line says who owns it; its info line follows
+            found = [int(p) for p in _PID_RE.findall(line)]
+            owner = next((p for p in found if p in totals), None)
+        if owner is None:
+            continue
+        for key, value in _BYTES_RE.findall(line):
+            totals[owner][0 if key == "bytes_received" else 1] += int(value)
+    return {pid: (v[0], v[1]) for pid, v in totals.items()}
+
+
+def provenance(argv: list[str] | None = None) -> dict[str, Any]:
+    """The exact command and the git commit of the code that ran (for docs/results/)."""
+    root = Path(__file__).resolve().parents[2]
+    info: dict[str, Any] = {
+        "command": " ".join(["p2pinfer", *(argv if argv is not None else sys.argv[1:])]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }
+    try:
+        info["git_commit"] = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+        info["git_dirty"] = bool(dirty)
+    except (OSError, subprocess.CalledProcessError):
+        info["git_commit"] = None
+    return info
+
+
+# -- py-spy ------------------------------------------------------------------------------------
+def summarize_pyspy_raw(path: Path, top: int = 25) -> dict[str, Any]:
+    """Inclusive and self shares of functions in a py-spy ``--format raw`` file."""
+    inclusive: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        for frame in set(frames):
+            inclusive[frame] += count
+        own[frames[-1]] += count
+    if not total:
+        return {"samples": 0}
+
+    def share(c: Counter[str]) -> list[tuple[str, float]]:
+        return [(name, round(100 * n / total, 1)) for name, n in c.most_common(top)]
+
+    return {"samples": total, "inclusive_percent": share(inclusive), "self_percent": share(own)}
+
+
+def _pyspy() -> str | None:
+    here = Path(sys.executable).with_name("py-spy")
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+# -- the swarm -----------------------------------------------------------------------------------
+class IdleSwarm:
+    """N idle node processes on loopback, bootstrapped from the first."""
+
+    def __init__(self, n: int, *, log_dir: Path | None = None, start_parallel: int = 4) -> None:
+        from ..net.config import NodeConfig
+        from .node_process import NodeProcess
+
+        def config(bootstrap: tuple[str, ...]) -> NodeConfig:
+            # The defaults of `p2pinfer node --engine simulated`, on an ephemeral loopback port.
+            return NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), bootstrap=bootstrap, engine="simulated")
+
+        self.procs: list[Any] = []
+        try:
+            first = NodeProcess(config(()), "idle-0", log_dir=log_dir)
+            self.procs.append(first)
+            with ThreadPoolExecutor(max(1, start_parallel)) as pool:
+                rest = pool.map(lambda i: NodeProcess(config((first.addr,)), f"idle-{i}", log_dir=log_dir), range(1, n))
+                self.procs.extend(rest)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def views_complete(self) -> bool:
+        ids = {p.peer_id for p in self.procs}
+        for p in self.procs:
+            view = p.call("view")
+            if any(not view.get(other, {}).get("eligible") for other in ids - {p.peer_id}):
+                return False
+        return True
+
+    def wait_complete(self, timeout_s: float, poll_s: float = 1.0) -> float | None:
+        """Seconds until every node has every other in its view; None if not within ``timeout_s``."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            if self.views_complete():
+                return time.monotonic() - t0
+            time.sleep(poll_s)
+        return None
+
+    def statuses(self) -> list[dict[str, Any]]:
+        return [p.call("status", timeout_s=60) for p in self.procs]
+
+    def close(self) -> None:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda p: p.close(), self.procs))
+
+
+def _diff_counter(before: dict[str, Any], after: dict[str, Any], key: str) -> Counter[str]:
+    return Counter(after.get(key, {})) - Counter(before.get(key, {}))
+
+
+def _stats(values: list[float], digits: int = 4) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), digits),
+        "mean": round(statistics.fmean(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+    }
+
+
+def measure_swarm(swarm: IdleSwarm, measure_s: float) -> dict[str, Any]:
+    """One measurement window over a settled swarm (see the module docstring)."""
+    pids = swarm.pids
+    c0 = [s["counters"] for s in swarm.statuses()]
+    net0 = tcp_bytes_by_pid(set(pids))
+    cpu0 = [cpu_seconds(pid) for pid in pids]
+    t0 = time.monotonic()
+    load0 = os.getloadavg()[0]
+    time.sleep(measure_s)
+    cpu1 = [cpu_seconds(pid) for pid in pids]
+    t1 = time.monotonic()
+    net1 = tcp_bytes_by_pid(set(pids))
+    rss = [rss_mib(pid) for pid in pids]
+    after = swarm.statuses()
+    c1 = [s["counters"] for s in after]
+    mesh = [s.get("gossip_mesh_peers", 0) for s in after]
+    seconds = t1 - t0
+    cpu = [(b - a) / seconds for a, b in zip(cpu0, cpu1)]
+    out: dict[str, Any] = {
+        "seconds": round(seconds, 2),
+        "idle_cpu_per_node": round(statistics.median(cpu), 4),
+        "idle_cpu_per_node_stats": _stats(cpu),
+        "idle_cpu_per_node_all": [round(c, 4) for c in cpu],
+        "rss_mib_per_node": round(statistics.median(rss), 1),
+        "rss_mib_per_node_stats": _stats(rss, 1),
+        "load_average_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        "gossipsub_mesh_peers": _stats([float(m) for m in mesh], 1),
+    }
+    if net0 is not None and net1 is not None:
+        bytes_in = [(net1[p][0] - net0[p][0]) / seconds for p in pids]
+        bytes_out = [(net1[p][1] - net0[p][1]) / seconds for p in pids]
+        out["bytes_in_per_node_per_s"] = round(statistics.fmean(bytes_in), 1)
+        out["bytes_out_per_node_per_s"] = round(statistics.fmean(bytes_out), 1)
+        out["bytes_in_per_node_per_s_max"] = round(max(bytes_in), 1)
+        out["bytes_note"] = "TCP payload from tcp_info (ss): Noise, yamux, gossipsub control, pings, pulls included"
+    kinds: Counter[str] = Counter()
+    kind_bytes: Counter[str] = Counter()
+    per_node = len(pids) * seconds
+    for a, b in zip(c0, c1):
+        kinds.update({f"pubsub {k}": v for k, v in _diff_counter(a, b, "pubsub_rpcs_sent").items()})
+        kind_bytes.update(_diff_counter(a, b, "pubsub_bytes_sent"))
+        for key in ("rtt_probes", "pulls_done", "pulls_served", "gossip_published", "gossip_received", "dials_ok", "dials_failed"):
+            kinds[key] += b.get(key, 0) - a.get(key, 0)
+    out["messages_per_node_per_s"] = {k: round(v / per_node, 3) for k, v in sorted(kinds.items()) if v}
+    out["pubsub_bytes_sent_per_node_per_s"] = {k: round(v / per_node, 1) for k, v in sorted(kind_bytes.items()) if v}
+    out["own_gossip_bytes_per_node_per_s"] = {
+        "published": round(sum(b["gossip_published_bytes"] - a["gossip_published_bytes"] for a, b in zip(c0, c1)) / per_node, 1),
+        "received": round(sum(b["gossip_received_bytes"] - a["gossip_received_bytes"] for a, b in zip(c0, c1)) / per_node, 1),
+    }
+    out["peers_expired_in_window"] = sum(b["peers_expired"] - a["peers_expired"] for a, b in zip(c0, c1))
+    return out
+
+
+def run_idle_bench(
+    node_counts: list[int],
+    *,
+    settle_s: float = 10.0,
+    measure_s: float = 20.0,
+    repeats: int = 1,
+    converge_timeout_s: float | None = None,
+    profile_dir: Path | None = None,
+    profile_s: float = 20.0,
+    progress: Any = None,
+) -> dict[str, Any]:
+    from importlib.metadata import version
+
+    say = progress or (lambda _msg: None)
+    results: list[dict[str, Any]] = []
+    for n in node_counts:
+        runs: list[dict[str, Any]] = []
+        for rep in range(repeats):
+            mem_before = mem_available_mib()
+            say(f"{n} nodes, run {rep + 1}/{repeats}: starting")
+            t_start = time.monotonic()
+            swarm = IdleSwarm(n)
+            try:
+                started_s = time.monotonic() - t_start
+                timeout = converge_timeout_s if converge_timeout_s is not None else 60.0 + 4.0 * n
+                complete_s = swarm.wait_complete(timeout)
+                say(f"{n} nodes: started in {started_s:.1f} s, views complete after {complete_s} s; settling {settle_s} s")
+                time.sleep(settle_s)
+                run = measure_swarm(swarm, measure_s)
+                run.update(
+                    {
+                        "start_s": round(started_s, 1),
+                        "views_complete_after_s": None if complete_s is None else round(complete_s, 1),
+                        "views_complete_at_end": swarm.views_complete(),
+                        "mem_available_mib_before": round(mem_before, 0),
+                    }
+                )
+                if profile_dir is not None and rep == 0:
+                    run["profile"] = _profile(swarm, n, profile_dir, profile_s)
+                runs.append(run)
+                say(f"{n} nodes: idle CPU per node {run['idle_cpu_per_node']:.4f} of a core, "
+                    f"{run.get('bytes_in_per_node_per_s')} B/s in")
+            finally:
+                swarm.close()
+        cpus = [r["idle_cpu_per_node"] for r in runs]
+        entry: dict[str, Any] = {
+            "nodes": n,
+            "idle_cpu_per_node": round(statistics.median(cpus), 4),
+            "idle_cpu_per_node_over_runs": _stats(cpus),
+            "rss_mib_per_node": round(statistics.median(r["rss_mib_per_node"] for r in runs), 1),
+            "runs": runs,
+        }
+        for key in ("bytes_in_per_node_per_s", "bytes_out_per_node_per_s"):
+            if all(key in r for r in runs):
+                entry[key] = round(statistics.median(r[key] for r in runs), 1)
+        entry["messages_per_node_per_s"] = runs[len(runs) // 2]["messages_per_node_per_s"]
+        results.append(entry)
+    return {
+        "benchmark": "idle",
+        "engine": "simulated (defaults of `p2pinfer node --engine simulated`)",
+        "transport": "TCP loopback, Noise, Yamux; one process per node; bootstrap through the first node",
+        "settle_s": settle_s,
+        "measure_s": measure_s,
+        "repeats": repeats,
+        "results": results,
+        "machine_holds": _capacity(results),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "mem_total_mib": round(_meminfo("MemTotal"), 0),
+            "python": platform.python_version(),
+            "libp2p": version("libp2p"),
+        },
+        **provenance(),
+    }
+
+
+def _meminfo(key: str) -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _capacity(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """How many idle node processes this machine holds, and what limits it."""
+    if not results:
+        return {}
+    big = max(results, key=lambda r: r["nodes"])
+    cores = os.cpu_count() or 1
+    rss = big["rss_mib_per_node"]
+    cpu = big["idle_cpu_per_node"]
+    return {
+        "largest_swarm_measured": big["nodes"],
+        "its_views_complete": all(r["views_complete_at_end"] for r in big["runs"]),
+        "by_memory": int(_meminfo("MemTotal") * 0.8 // rss) if rss else None,
+        "by_idle_cpu_at_half_the_cores": int(0.5 * cores // cpu) if cpu > 0 else None,
+        "note": (
+            f"by_memory: 80 % of this machine's memory over the resident memory of a node at {big['nodes']} nodes; "
+            f"by_idle_cpu: half of its {cores} cores over the idle CPU of a node at that size (an idle cost that grows "
+            "with the swarm lowers it further)"
+        ),
+    }
+
+
+def _profile(swarm: IdleSwarm, n: int, profile_dir: Path, seconds: float) -> dict[str, Any]:
+    exe = _pyspy()
+    if exe is None:
+        return {"error": "py-spy not found (pip install py-spy)"}
+    profile_dir.mkdir(parents=True, exist_ok=True)
+    raw = profile_dir / f"idle-{n}-nodes-node0.txt"
+    cmd = [exe, "record", "-r", "50", "-d", str(int(seconds)), "-p", str(swarm.pids[0]), "-f", "raw", "-o", str(raw)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not raw.exists():
+        return {"error": f"py-spy failed: {done.stderr.strip()[-500:]}"}
+    return {"command": " ".join(cmd[1:]), "raw": str(raw), **summarize_pyspy_raw(raw)}
