@@ -35,12 +35,17 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from ..lab.idle_bench import run_idle_bench
 
         counts = _counts(nodes)
+
+        def write(result: dict) -> None:
+            if out is not None:
+                out.write_text(json.dumps(result, indent=2) + "\n")
+
         result = run_idle_bench(
             counts, settle_s=settle, measure_s=measure, repeats=repeats, profile_dir=profile,
             profile_s=profile_seconds, progress=None if as_json else lambda msg: typer.echo(msg, err=True),
+            partial=write,
         )
-        if out is not None:
-            out.write_text(json.dumps(result, indent=2) + "\n")
+        write(result)
         if as_json:
             typer.echo(json.dumps(result))
             return

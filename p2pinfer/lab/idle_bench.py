@@ -182,9 +182,14 @@ class IdleSwarm:
         return [p.pid for p in self.procs]
 
     def views_complete(self) -> bool:
+        if self.exited():
+            return False
         ids = {p.peer_id for p in self.procs}
         for p in self.procs:
-            view = p.call("view")
+            try:
+                view = p.call("view", timeout_s=60)
+            except Exception:
+                return False
             if any(not view.get(other, {}).get("eligible") for other in ids - {p.peer_id}):
                 return False
         return True
@@ -198,8 +203,21 @@ class IdleSwarm:
             time.sleep(poll_s)
         return None
 
-    def statuses(self) -> list[dict[str, Any]]:
-        return [p.call("status", timeout_s=60) for p in self.procs]
+    def exited(self) -> list[str]:
+        """Names of node processes that are no longer running (a crash is a result too)."""
+        return [p.name for p in self.procs if p.proc.poll() is not None]
+
+    def alive(self) -> list[Any]:
+        return [p for p in self.procs if p.proc.poll() is None]
+
+    def statuses(self, procs: list[Any]) -> list[dict[str, Any] | None]:
+        out: list[dict[str, Any] | None] = []
+        for p in procs:
+            try:
+                out.append(p.call("status", timeout_s=60))
+            except Exception:  # exited meanwhile, or too busy to answer
+                out.append(None)
+        return out
 
     def close(self) -> None:
         with ThreadPoolExecutor(8) as pool:
@@ -220,43 +238,51 @@ def _stats(values: list[float], digits: int = 4) -> dict[str, float]:
 
 
 def measure_swarm(swarm: IdleSwarm, measure_s: float) -> dict[str, Any]:
-    """One measurement window over a settled swarm (see the module docstring)."""
-    pids = swarm.pids
-    c0 = [s["counters"] for s in swarm.statuses()]
+    """One measurement window over a settled swarm (see the module docstring).
+
+    Nodes that exit before or during the window are reported, and left out
+    of the figures.
+    """
+    procs = swarm.alive()
+    before = swarm.statuses(procs)
+    pids = [p.pid for p in procs]
     net0 = tcp_bytes_by_pid(set(pids))
     cpu0 = [cpu_seconds(pid) for pid in pids]
     t0 = time.monotonic()
     load0 = os.getloadavg()[0]
     time.sleep(measure_s)
-    cpu1 = [cpu_seconds(pid) for pid in pids]
+    keep = [i for i, p in enumerate(procs) if p.proc.poll() is None]
+    cpu1 = {i: cpu_seconds(pids[i]) for i in keep}
     t1 = time.monotonic()
-    net1 = tcp_bytes_by_pid(set(pids))
-    rss = [rss_mib(pid) for pid in pids]
-    after = swarm.statuses()
-    c1 = [s["counters"] for s in after]
-    mesh = [s.get("gossip_mesh_peers", 0) for s in after]
+    net1 = tcp_bytes_by_pid({pids[i] for i in keep})
+    rss = [rss_mib(pids[i]) for i in keep]
+    after = swarm.statuses([procs[i] for i in keep])
     seconds = t1 - t0
-    cpu = [(b - a) / seconds for a, b in zip(cpu0, cpu1)]
+    cpu = [(cpu1[i] - cpu0[i]) / seconds for i in keep]
     out: dict[str, Any] = {
         "seconds": round(seconds, 2),
+        "nodes_measured": len(keep),
+        "nodes_exited": swarm.exited(),
         "idle_cpu_per_node": round(statistics.median(cpu), 4),
         "idle_cpu_per_node_stats": _stats(cpu),
         "idle_cpu_per_node_all": [round(c, 4) for c in cpu],
         "rss_mib_per_node": round(statistics.median(rss), 1),
         "rss_mib_per_node_stats": _stats(rss, 1),
         "load_average_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
-        "gossipsub_mesh_peers": _stats([float(m) for m in mesh], 1),
     }
     if net0 is not None and net1 is not None:
-        bytes_in = [(net1[p][0] - net0[p][0]) / seconds for p in pids]
-        bytes_out = [(net1[p][1] - net0[p][1]) / seconds for p in pids]
+        bytes_in = [(net1[pids[i]][0] - net0[pids[i]][0]) / seconds for i in keep]
+        bytes_out = [(net1[pids[i]][1] - net0[pids[i]][1]) / seconds for i in keep]
         out["bytes_in_per_node_per_s"] = round(statistics.fmean(bytes_in), 1)
         out["bytes_out_per_node_per_s"] = round(statistics.fmean(bytes_out), 1)
         out["bytes_in_per_node_per_s_max"] = round(max(bytes_in), 1)
         out["bytes_note"] = "TCP payload from tcp_info (ss): Noise, yamux, gossipsub control, pings, pulls included"
+    pairs = [(before[i], a) for i, a in zip(keep, after) if before[i] is not None and a is not None]
     kinds: Counter[str] = Counter()
     kind_bytes: Counter[str] = Counter()
-    per_node = len(pids) * seconds
+    per_node = max(1, len(pairs)) * seconds
+    c0 = [b["counters"] for b, _ in pairs]
+    c1 = [a["counters"] for _, a in pairs]
     for a, b in zip(c0, c1):
         kinds.update({f"pubsub {k}": v for k, v in _diff_counter(a, b, "pubsub_rpcs_sent").items()})
         kind_bytes.update(_diff_counter(a, b, "pubsub_bytes_sent"))
@@ -268,7 +294,10 @@ def measure_swarm(swarm: IdleSwarm, measure_s: float) -> dict[str, Any]:
         "published": round(sum(b["gossip_published_bytes"] - a["gossip_published_bytes"] for a, b in zip(c0, c1)) / per_node, 1),
         "received": round(sum(b["gossip_received_bytes"] - a["gossip_received_bytes"] for a, b in zip(c0, c1)) / per_node, 1),
     }
-    out["peers_expired_in_window"] = sum(b["peers_expired"] - a["peers_expired"] for a, b in zip(c0, c1))
+    out["peers_left_views_in_window"] = {
+        key: sum(b.get(key, 0) - a.get(key, 0) for a, b in zip(c0, c1)) for key in ("peers_expired", "peers_disconnected")
+    }
+    out["gossipsub_mesh_peers"] = _stats([float(a.get("gossip_mesh_peers", 0)) for _, a in pairs] or [0.0], 1)
     return out
 
 
@@ -282,10 +311,32 @@ def run_idle_bench(
     profile_dir: Path | None = None,
     profile_s: float = 20.0,
     progress: Any = None,
+    partial: Any = None,
 ) -> dict[str, Any]:
+    """Every node count in turn; ``partial(result_so_far)`` after each (so a crash loses nothing)."""
     from importlib.metadata import version
 
     say = progress or (lambda _msg: None)
+
+    def result() -> dict[str, Any]:
+        return {
+            "benchmark": "idle",
+            "engine": "simulated (defaults of `p2pinfer node --engine simulated`)",
+            "transport": "TCP loopback, Noise, Yamux; one process per node; bootstrap through the first node",
+            "settle_s": settle_s,
+            "measure_s": measure_s,
+            "repeats": repeats,
+            "results": results,
+            "machine_holds": _capacity(results),
+            "machine": {
+                "cpus": os.cpu_count(),
+                "mem_total_mib": round(_meminfo("MemTotal"), 0),
+                "python": platform.python_version(),
+                "libp2p": version("libp2p"),
+            },
+            **provenance(),
+        }
+
     results: list[dict[str, Any]] = []
     for n in node_counts:
         runs: list[dict[str, Any]] = []
@@ -328,24 +379,11 @@ def run_idle_bench(
             if all(key in r for r in runs):
                 entry[key] = round(statistics.median(r[key] for r in runs), 1)
         entry["messages_per_node_per_s"] = runs[len(runs) // 2]["messages_per_node_per_s"]
+        entry["nodes_exited"] = sum(len(r["nodes_exited"]) for r in runs)
         results.append(entry)
-    return {
-        "benchmark": "idle",
-        "engine": "simulated (defaults of `p2pinfer node --engine simulated`)",
-        "transport": "TCP loopback, Noise, Yamux; one process per node; bootstrap through the first node",
-        "settle_s": settle_s,
-        "measure_s": measure_s,
-        "repeats": repeats,
-        "results": results,
-        "machine_holds": _capacity(results),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "mem_total_mib": round(_meminfo("MemTotal"), 0),
-            "python": platform.python_version(),
-            "libp2p": version("libp2p"),
-        },
-        **provenance(),
-    }
+        if partial is not None:
+            partial(result())
+    return result()
 
 
 def _meminfo(key: str) -> float:
@@ -366,6 +404,7 @@ def _capacity(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "largest_swarm_measured": big["nodes"],
         "its_views_complete": all(r["views_complete_at_end"] for r in big["runs"]),
+        "its_nodes_exited": big.get("nodes_exited", 0),
         "by_memory": int(_meminfo("MemTotal") * 0.8 // rss) if rss else None,
         "by_idle_cpu_at_half_the_cores": int(0.5 * cores // cpu) if cpu > 0 else None,
         "note": (
@@ -382,8 +421,13 @@ def _profile(swarm: IdleSwarm, n: int, profile_dir: Path, seconds: float) -> dic
         return {"error": "py-spy not found (pip install py-spy)"}
     profile_dir.mkdir(parents=True, exist_ok=True)
     raw = profile_dir / f"idle-{n}-nodes-node0.txt"
-    cmd = [exe, "record", "-r", "50", "-d", str(int(seconds)), "-p", str(swarm.pids[0]), "-f", "raw", "-o", str(raw)]
+    # --gil: only samples in which the node holds the GIL, i.e. runs Python (not its waits).
+    cmd = [exe, "record", "--gil", "-r", "100", "-d", str(int(seconds)), "-p", str(swarm.alive()[0].pid), "-f", "raw",
+           "-o", str(raw)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0 or not raw.exists():
         return {"error": f"py-spy failed: {done.stderr.strip()[-500:]}"}
-    return {"command": " ".join(cmd[1:]), "raw": str(raw), **summarize_pyspy_raw(raw)}
+    cpu = cpu_seconds(swarm.alive()[0].pid)
+    summary = summarize_pyspy_raw(raw)
+    return {"command": " ".join(cmd[1:]), "raw": str(raw), "node_cpu_seconds_at_end": round(cpu, 2),
+            "gil_held_share": round(summary.get("samples", 0) / (100 * seconds), 4), **summary}
