@@ -20,9 +20,9 @@ has every other in its view, and after a settle time, one window of
 
 The nodes are not called during the window (the driver reads their
 counters before and after it), so the figures are the node's own
-background cost. ``profile_s`` adds a py-spy recording of one node after
-the window (py-spy pauses the process to sample it, which costs the
-machine, not the node).
+background cost. ``profile_s`` adds a py-spy recording (100 Hz) of one
+node after the window (py-spy pauses the process to sample it, which
+costs the machine, not the node).
 """
 
 from __future__ import annotations
@@ -54,11 +54,16 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # -- reading the kernel's figures ----------------------------------------------------------
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of every thread of ``pid`` so far (``/proc/<pid>/stat``)."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of every thread of ``pid`` so far (``/proc/<pid>/stat``)."""
     text = Path(f"/proc/{pid}/stat").read_text()
     fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime (fields 14, 15)
+    return int(fields[11]) / _CLK_TCK, int(fields[12]) / _CLK_TCK  # utime, stime (fields 14, 15)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of every thread of ``pid`` so far."""
+    return sum(cpu_times(pid))
 
 
 def rss_mib(pid: int) -> float:
@@ -125,28 +130,41 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 # -- py-spy ------------------------------------------------------------------------------------
+_WAITS = ("EpollIOManager.get_events (trio/", "Condition.wait (threading.py)", "Event.wait (threading.py)")
+"""Innermost frames that are a thread waiting (py-spy's idle detection lets some through)."""
+
+
 def summarize_pyspy_raw(path: Path, top: int = 25) -> dict[str, Any]:
-    """Inclusive and self shares of functions in a py-spy ``--format raw`` file."""
+    """Inclusive and self shares of functions in a py-spy ``--format raw`` file.
+
+    Samples whose innermost frame is a wait (:data:`_WAITS`: trio's epoll
+    wait, a thread's condition wait) are counted apart and left out of the
+    shares, which are then shares of the node's busy time.
+    """
     inclusive: Counter[str] = Counter()
     own: Counter[str] = Counter()
     total = 0
+    waiting = 0
     for line in path.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
-        total += count
         frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        if frames[-1].startswith(_WAITS):
+            waiting += count
+            continue
+        total += count
         for frame in set(frames):
             inclusive[frame] += count
         own[frames[-1]] += count
     if not total:
-        return {"samples": 0}
+        return {"samples": 0, "waiting_samples": waiting}
 
     def share(c: Counter[str]) -> list[tuple[str, float]]:
         return [(name, round(100 * n / total, 1)) for name, n in c.most_common(top)]
 
-    return {"samples": total, "inclusive_percent": share(inclusive), "self_percent": share(own)}
+    return {"samples": total, "waiting_samples": waiting, "inclusive_percent": share(inclusive), "self_percent": share(own)}
 
 
 def _pyspy() -> str | None:
@@ -248,6 +266,7 @@ def measure_swarm(swarm: IdleSwarm, measure_s: float) -> dict[str, Any]:
     pids = [p.pid for p in procs]
     net0 = tcp_bytes_by_pid(set(pids))
     cpu0 = [cpu_seconds(pid) for pid in pids]
+    sys0 = [cpu_times(pid)[1] for pid in pids]
     t0 = time.monotonic()
     load0 = os.getloadavg()[0]
     time.sleep(measure_s)
@@ -259,6 +278,7 @@ def measure_swarm(swarm: IdleSwarm, measure_s: float) -> dict[str, Any]:
     after = swarm.statuses([procs[i] for i in keep])
     seconds = t1 - t0
     cpu = [(cpu1[i] - cpu0[i]) / seconds for i in keep]
+    system = [(cpu_times(pids[i])[1] - sys0[i]) / seconds for i in keep]
     out: dict[str, Any] = {
         "seconds": round(seconds, 2),
         "nodes_measured": len(keep),
@@ -266,6 +286,7 @@ def measure_swarm(swarm: IdleSwarm, measure_s: float) -> dict[str, Any]:
         "idle_cpu_per_node": round(statistics.median(cpu), 4),
         "idle_cpu_per_node_stats": _stats(cpu),
         "idle_cpu_per_node_all": [round(c, 4) for c in cpu],
+        "system_cpu_per_node": round(statistics.median(system), 4),
         "rss_mib_per_node": round(statistics.median(rss), 1),
         "rss_mib_per_node_stats": _stats(rss, 1),
         "load_average_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
@@ -421,13 +442,11 @@ def _profile(swarm: IdleSwarm, n: int, profile_dir: Path, seconds: float) -> dic
         return {"error": "py-spy not found (pip install py-spy)"}
     profile_dir.mkdir(parents=True, exist_ok=True)
     raw = profile_dir / f"idle-{n}-nodes-node0.txt"
-    # --gil: only samples in which the node holds the GIL, i.e. runs Python (not its waits).
-    cmd = [exe, "record", "--gil", "-r", "100", "-d", str(int(seconds)), "-p", str(swarm.alive()[0].pid), "-f", "raw",
-           "-o", str(raw)]
+    cmd = [exe, "record", "-r", "100", "-d", str(int(seconds)), "-p", str(swarm.alive()[0].pid), "-f", "raw", "-o", str(raw)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0 or not raw.exists():
         return {"error": f"py-spy failed: {done.stderr.strip()[-500:]}"}
     cpu = cpu_seconds(swarm.alive()[0].pid)
     summary = summarize_pyspy_raw(raw)
     return {"command": " ".join(cmd[1:]), "raw": str(raw), "node_cpu_seconds_at_end": round(cpu, 2),
-            "gil_held_share": round(summary.get("samples", 0) / (100 * seconds), 4), **summary}
+            "busy_share_of_samples": round(summary.get("samples", 0) / (100 * seconds), 4), **summary}
