@@ -56,6 +56,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         for col in ("nodes", "CPU per node (of a core)", "RSS MiB", "bytes in/s", "bytes out/s", "pubsub RPCs sent/s"):
             table.add_column(col, justify="right")
         for r in result["results"]:
+            if "error" in r:
+                table.add_row(str(r["nodes"]), "did not start", "-", "-", "-", "-")
+                continue
             rpcs = sum(v for k, v in r["messages_per_node_per_s"].items() if k.startswith("pubsub "))
             table.add_row(str(r["nodes"]), f"{r['idle_cpu_per_node']:.4f}", f"{r['rss_mib_per_node']:.0f}",
                           str(r.get("bytes_in_per_node_per_s", "-")), str(r.get("bytes_out_per_node_per_s", "-")), f"{rpcs:.1f}")

@@ -176,7 +176,7 @@ def _pyspy() -> str | None:
 class IdleSwarm:
     """N idle node processes on loopback, bootstrapped from the first."""
 
-    def __init__(self, n: int, *, log_dir: Path | None = None, start_parallel: int = 4) -> None:
+    def __init__(self, n: int, *, log_dir: Path | None = None, start_parallel: int = 4, start_timeout_s: float = 120.0) -> None:
         from ..net.config import NodeConfig
         from .node_process import NodeProcess
 
@@ -186,11 +186,20 @@ class IdleSwarm:
 
         self.procs: list[Any] = []
         try:
-            first = NodeProcess(config(()), "idle-0", log_dir=log_dir)
+            first = NodeProcess(config(()), "idle-0", log_dir=log_dir, start_timeout_s=start_timeout_s)
             self.procs.append(first)
             with ThreadPoolExecutor(max(1, start_parallel)) as pool:
-                rest = pool.map(lambda i: NodeProcess(config((first.addr,)), f"idle-{i}", log_dir=log_dir), range(1, n))
-                self.procs.extend(rest)
+                futures = [
+                    pool.submit(NodeProcess, config((first.addr,)), f"idle-{i}", log_dir, start_timeout_s) for i in range(1, n)
+                ]
+                errors = []
+                for fut in futures:
+                    try:
+                        self.procs.append(fut.result())
+                    except Exception as exc:  # did not start: reported by the caller
+                        errors.append(str(exc)[:300])
+                if errors:
+                    raise RuntimeError(f"{len(errors)} of {n} nodes did not start: {errors[0]}")
         except BaseException:
             self.close()
             raise
@@ -365,7 +374,12 @@ def run_idle_bench(
             mem_before = mem_available_mib()
             say(f"{n} nodes, run {rep + 1}/{repeats}: starting")
             t_start = time.monotonic()
-            swarm = IdleSwarm(n)
+            try:
+                swarm = IdleSwarm(n)
+            except RuntimeError as exc:  # the machine could not even start them: a result too
+                say(f"{n} nodes: {exc}")
+                runs.append({"error": str(exc), "start_s": round(time.monotonic() - t_start, 1)})
+                continue
             try:
                 started_s = time.monotonic() - t_start
                 timeout = converge_timeout_s if converge_timeout_s is not None else 60.0 + 4.0 * n
@@ -388,19 +402,29 @@ def run_idle_bench(
                     f"{run.get('bytes_in_per_node_per_s')} B/s in")
             finally:
                 swarm.close()
+        failed = [r for r in runs if "error" in r]
+        runs_ok = [r for r in runs if "error" not in r]
+        if not runs_ok:
+            results.append({"nodes": n, "error": failed[0]["error"], "runs": runs})
+            if partial is not None:
+                partial(result())
+            continue
+        entry_runs, runs = runs, runs_ok
         cpus = [r["idle_cpu_per_node"] for r in runs]
         entry: dict[str, Any] = {
             "nodes": n,
             "idle_cpu_per_node": round(statistics.median(cpus), 4),
             "idle_cpu_per_node_over_runs": _stats(cpus),
             "rss_mib_per_node": round(statistics.median(r["rss_mib_per_node"] for r in runs), 1),
-            "runs": runs,
+            "runs": entry_runs,
+            "runs_failed_to_start": len(failed),
         }
         for key in ("bytes_in_per_node_per_s", "bytes_out_per_node_per_s"):
             if all(key in r for r in runs):
                 entry[key] = round(statistics.median(r[key] for r in runs), 1)
         entry["messages_per_node_per_s"] = runs[len(runs) // 2]["messages_per_node_per_s"]
         entry["nodes_exited"] = sum(len(r["nodes_exited"]) for r in runs)
+        entry["views_complete"] = all(r["views_complete_at_end"] for r in runs)
         results.append(entry)
         if partial is not None:
             partial(result())
@@ -416,15 +440,18 @@ def _meminfo(key: str) -> float:
 
 def _capacity(results: list[dict[str, Any]]) -> dict[str, Any]:
     """How many idle node processes this machine holds, and what limits it."""
-    if not results:
-        return {}
-    big = max(results, key=lambda r: r["nodes"])
+    measured = [r for r in results if "error" not in r]
+    if not measured:
+        return {"note": "no swarm could be measured"}
+    failed = [r["nodes"] for r in results if "error" in r]
+    big = max(measured, key=lambda r: r["nodes"])
     cores = os.cpu_count() or 1
     rss = big["rss_mib_per_node"]
     cpu = big["idle_cpu_per_node"]
     return {
         "largest_swarm_measured": big["nodes"],
-        "its_views_complete": all(r["views_complete_at_end"] for r in big["runs"]),
+        "swarms_that_did_not_start": failed,
+        "its_views_complete": all(r.get("views_complete_at_end") for r in big["runs"] if "error" not in r),
         "its_nodes_exited": big.get("nodes_exited", 0),
         "by_memory": int(_meminfo("MemTotal") * 0.8 // rss) if rss else None,
         "by_idle_cpu_at_half_the_cores": int(0.5 * cores // cpu) if cpu > 0 else None,
