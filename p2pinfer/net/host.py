@@ -7,6 +7,23 @@ checked (strict signing: a digest or load report always comes from the
 peer it names), gossipsub peer scoring driven by our own verdicts
 (:mod:`.sanctions`), and an optional pre-shared key (libp2p pnet) derived
 from the swarm secret so that outsiders cannot even complete a handshake.
+
+What an idle node pays per peer and per second is kept low here (issue 14,
+docs/results.md "Idle cost of a node"):
+
+* gossipsub v1.1, not v1.2: v1.2's IDONTWANT is one control RPC to every
+  mesh peer for every message received, worth it for large messages, and
+  ours are a few hundred bytes (py-libp2p 0.8.1 sends it for any size);
+* a fixed heartbeat of :data:`HEARTBEAT_S`, with py-libp2p's "adaptive
+  gossip" off: it rescales the heartbeat to 30-60 s whenever its health
+  score dips (a small or young mesh is enough), which made the heartbeat,
+  and with it the score decay that sanctions rely on, unpredictable;
+* no signed peer record in every RPC (:class:`CountingPubsub`): py-libp2p
+  attaches the sender's record to each RPC and the receiver decodes it and
+  checks its Ed25519 signature every time; the record still goes once per
+  pubsub stream, in the hello RPC;
+* yamux window updates once per half window rather than per read
+  (:mod:`.libp2p_patches`).
 """
 
 from __future__ import annotations
@@ -16,7 +33,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import logging
+
 import blake3
+from google.protobuf.message import DecodeError
 import multiaddr
 import trio
 
@@ -24,7 +44,7 @@ from libp2p import create_yamux_muxer_option, new_host
 from libp2p.abc import IHost
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
-from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import DefaultMaxMessageSize
@@ -33,10 +53,16 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
 from .config import ConfigError, NodeConfig
+from . import libp2p_patches
 from .counters import NodeCounters
 from .sanctions import gossip_score_params
 
+HEARTBEAT_S = 1
+"""gossipsub heartbeat (mesh upkeep, IHAVE gossip, score decay), seconds."""
+
 __all__ = ["Libp2pStack", "derive_psk", "dialable_addrs", "digest_topic", "run_stack"]
+
+log = logging.getLogger(__name__)
 
 _PSK_CONTEXT = "p2pinfer 2026 libp2p pnet pre-shared key v1"
 
@@ -115,26 +141,58 @@ def rpc_kinds(rpc: rpc_pb2.RPC) -> list[str]:
 
 
 class CountingPubsub(Pubsub):
-    """py-libp2p's Pubsub, counting every RPC it writes (:attr:`NodeCounters.pubsub_rpcs_sent`).
+    """py-libp2p's Pubsub, counting every RPC it writes (:attr:`NodeCounters.pubsub_rpcs_sent`),
+    without the signed peer record in each.
 
     Every outbound RPC (our messages, relayed copies, gossipsub control,
     subscriptions) goes through :meth:`write_msg`, so this sees the whole
     pubsub traffic of a node, which our own gossip counters (one count per
     message we publish or receive) do not.
+
+    py-libp2p 0.8.1 puts its signed peer record (about 210 bytes) in every
+    RPC, and the receiver decodes it and verifies its signature each time
+    (``libp2p.pubsub.utils.maybe_consume_signed_record``, called twice for an
+    RPC with control messages): in an idle swarm of 8 that was 17 % of a
+    node's CPU and half its pubsub bytes. The record only feeds the
+    peerstore's certified addresses (gossipsub peer exchange, which we do
+    not use); the hello RPC that opens each pubsub stream still carries it,
+    so a peer verifies it once per stream. Message authenticity does not
+    depend on it: every message is signed by its origin (strict signing),
+    and the stream itself is authenticated by Noise. A receiver that finds
+    no record accepts the RPC (older p2pinfer nodes included).
+
+    Also: an RPC that does not parse is the sender's fault, not ours.
+    py-libp2p 0.8.1 lets the ``DecodeError`` out of its read loop, which
+    takes the whole host down (one garbage frame from any peer stopped a
+    node); here it resets that stream, drops the peer from pubsub and
+    counts ``gossip_rejected["malformed rpc"]``.
     """
 
     counters: NodeCounters | None = None
 
+    async def continuously_read_stream(self, stream: Any) -> None:
+        try:
+            await super().continuously_read_stream(stream)
+        except DecodeError as exc:
+            peer_id = stream.muxed_conn.peer_id
+            log.warning("malformed pubsub RPC from %s (%s): stream reset", peer_id, exc)
+            if self.counters is not None:
+                self.counters.gossip_rejected["malformed rpc"] += 1
+            try:
+                await stream.reset()
+            except Exception:  # already gone
+                pass
+            self._handle_dead_peer(peer_id)
+
     async def write_msg(self, stream: Any, rpc_msg: rpc_pb2.RPC) -> bool:
+        if rpc_msg.HasField("senderRecord"):
+            rpc_msg.ClearField("senderRecord")
         counters = self.counters
         if counters is not None:
             kinds = rpc_kinds(rpc_msg)
             for kind in kinds:
                 counters.pubsub_rpcs_sent[kind] += 1
-            record = len(rpc_msg.senderRecord)
-            counters.pubsub_bytes_sent[kinds[0]] += rpc_msg.ByteSize() - record
-            if record:
-                counters.pubsub_bytes_sent["sender record"] += record
+            counters.pubsub_bytes_sent[kinds[0]] += rpc_msg.ByteSize()
         return await super().write_msg(stream, rpc_msg)
 
 
@@ -147,6 +205,7 @@ class Libp2pStack:
 
 
 def build_stack(config: NodeConfig, key_pair: KeyPair, topic: str, counters: NodeCounters | None = None) -> Libp2pStack:
+    libp2p_patches.apply()
     listen = _multiaddrs(config.listen, "listen")
     announce = _multiaddrs(config.announce, "announce") or None
     noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
@@ -160,20 +219,21 @@ def build_stack(config: NodeConfig, key_pair: KeyPair, topic: str, counters: Nod
         psk=derive_psk(config.swarm_secret) if config.private_network and config.swarm_secret else None,
     )
     gossipsub = GossipSub(
-        protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID],
+        protocols=[PROTOCOL_ID_V11, PROTOCOL_ID],  # no v1.2: see the module docstring
         degree=6,
         degree_low=4,
         degree_high=12,
         time_to_live=30,
         heartbeat_initial_delay=0.1,
-        heartbeat_interval=1,
+        heartbeat_interval=HEARTBEAT_S,
+        adaptive_gossip_enabled=False,
         # Our own validator limits each origin's rate; gossipsub's limit is
         # per *forwarder* and would drop a relay's traffic in a busy swarm.
         max_messages_per_topic_per_second=1000.0,
         # Every peer of a loopback or single-NAT swarm shares one IP.
         eclipse_protection_enabled=False,
         # Peer scoring: only penalties we impose (sanctions.py) lower a score.
-        score_params=gossip_score_params(),
+        score_params=gossip_score_params(HEARTBEAT_S),
     )
     pubsub = CountingPubsub(
         host,

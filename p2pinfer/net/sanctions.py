@@ -41,21 +41,24 @@ log = logging.getLogger(__name__)
 PUBLISH_THRESHOLD = 10.0
 """Behaviour penalty above which gossipsub ignores a peer (score below -10)."""
 DECAY_PER_S = 0.99
-"""Penalties decay by 1 % per gossipsub heartbeat (1 s)."""
+"""Penalties decay by 1 % per second (gossipsub decays them once per heartbeat:
+by ``DECAY_PER_S ** heartbeat_s``)."""
 _MAX_REMEMBERED = 4096
 
 
-def gossip_score_params() -> Any:
+def gossip_score_params(heartbeat_s: float = 1.0) -> Any:
     """py-libp2p ScoreParams: only the behaviour penalty (P5) counts.
 
     Topic scores (P1-P3) stay at 0 so that honest peers always score 0;
     thresholds are negative so that only a penalised peer falls below them.
+    ``heartbeat_s`` is gossipsub's heartbeat, so that a penalty decays at
+    :data:`DECAY_PER_S` per second whatever the heartbeat.
     """
     from libp2p.pubsub.score import ScoreParams
 
     return ScoreParams(
         p5_behavior_penalty_weight=1.0,
-        p5_behavior_penalty_decay=DECAY_PER_S,
+        p5_behavior_penalty_decay=DECAY_PER_S**heartbeat_s,
         p5_behavior_penalty_threshold=0.0,
         publish_threshold=-PUBLISH_THRESHOLD,
         gossip_threshold=-PUBLISH_THRESHOLD,

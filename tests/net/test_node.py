@@ -209,3 +209,17 @@ async def test_a_lost_forward_drops_the_peer_from_the_view_until_it_is_heard_fro
         assert state is None or not set(a.router.hasher.hashes(tokens)) & state.hashes
         # B is heard from again (load report, then a pull of its true digest).
         await wait_for(lambda: b.peer_id in a.router.view and a.router.view.eligible(a.router.view.get(b.peer_id), time.monotonic()), 10)
+
+
+async def test_a_malformed_pubsub_rpc_resets_that_stream_and_the_node_keeps_serving():
+    # py-libp2p 0.8.1 lets a protobuf DecodeError out of pubsub's read loop,
+    # which used to stop the whole node (it did, for one node of 32 idle ones).
+    from libp2p.custom_types import TProtocol
+
+    async with Node(fast_config()) as b, Node(fast_config(bootstrap=(b.addrs[0],))) as a:
+        await a.wait_for_peers(1)
+        stream = await a.host.new_stream(ID.from_base58(b.peer_id), [TProtocol("/meshsub/1.1.0")])
+        await stream.write(bytes([5]) + b"\xff" * 5)  # a length prefix, then 5 bytes that are no RPC
+        await wait_for(lambda: b.counters.gossip_rejected["malformed rpc"] == 1, 5)
+        result = await a.complete(list(range(300, 340)), max_tokens=2, prefer=b.peer_id)
+        assert result.served_by == b.peer_id and result.generated_tokens == 2
