@@ -77,9 +77,10 @@ def simulate(
         True, "--drain/--no-drain", help="TtftEstimator.drain_reported_queue (switch off to measure what it brings)."
     ),
     delta_interval: float = typer.Option(0.25, min=0.001, help="Seconds between digest deltas."),
-    full_interval: float = typer.Option(5.0, min=0.001, help="Seconds between full digests."),
-    load_interval: float = typer.Option(1.0, min=0.001, help="Seconds between load reports."),
-    peer_ttl: float = typer.Option(6.0, min=0.001, help="Seconds of silence before a peer leaves the view."),
+    full_interval: float = typer.Option(5.0, min=0.001, help="Seconds between full digests (only when the digest changed)."),
+    load_interval: float = typer.Option(1.0, min=0.001, help="Seconds between load reports while a node has work."),
+    keepalive_interval: float = typer.Option(10.0, min=0.001, help="Seconds between an idle node's load reports."),
+    peer_ttl: float = typer.Option(30.0, min=0.001, help="Seconds of silence before a peer leaves the view."),
     topic_size: int = typer.Option(
         0, min=0, help="0: one gossip topic; else topics of this many nodes. With --discovery directory: the load-report "
         "neighbourhood (default 8)."
@@ -144,6 +145,13 @@ def simulate(
         directory = DirectoryConfig(anchor_blocks=anchor_blocks, replicas=directory_replicas, refresh=directory_refresh)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--directory-refresh") from None
+    try:
+        gossip = GossipConfig(
+            delta_interval_s=delta_interval, full_interval_s=full_interval, load_interval_s=load_interval,
+            keepalive_interval_s=keepalive_interval, peer_ttl_s=peer_ttl,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--peer-ttl") from None
     base = SimConfig(
         cost=cost,
         nodes=nodes,
@@ -154,7 +162,7 @@ def simulate(
         busy_queue_ms=busy_queue_ms,
         work_weight=work_weight,
         drain_reported_queue=drain,
-        gossip=GossipConfig(delta_interval, full_interval, load_interval, peer_ttl),
+        gossip=gossip,
         topic_size=topic_size,
         discovery=discovery,
         directory=directory,

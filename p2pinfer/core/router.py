@@ -10,7 +10,7 @@ virtual clock. Both run exactly this code.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 import random
 
@@ -20,21 +20,109 @@ from .peers import ApplyResult, Load, PeerView
 from .policies import Decision, LocalState, Policy, RouteRequest, make_policy
 from .radix import RadixTree
 
-__all__ = ["GossipConfig", "Router", "RouterConfig", "TrustConfig"]
+__all__ = ["AnnounceSchedule", "GossipConfig", "Router", "RouterConfig", "TrustConfig"]
 
 
 @dataclass(frozen=True, slots=True)
 class GossipConfig:
-    """Anti-entropy schedule shared by the live node and the simulator."""
+    """Anti-entropy schedule shared by the live node and the simulator.
+
+    An idle node with nothing new to say stays quiet but for a keep-alive
+    (:class:`AnnounceSchedule`): what it costs per peer and per second is
+    ``keepalive_interval_s``'s, not ``load_interval_s``'s (issue 14).
+    """
 
     delta_interval_s: float = 0.25
     """Pending cache changes are batched and published at most this often."""
     full_interval_s: float = 5.0
-    """A full digest heals whatever deltas were lost."""
+    """A full digest heals whatever deltas were lost: at most this often, and
+    only when the digest changed since the last full one. (A peer that missed
+    the last change of a digest that no longer changes learns its version from
+    the next load report and pulls it.)"""
     load_interval_s: float = 1.0
-    """Load reports (and liveness) at least this often."""
-    peer_ttl_s: float = 6.0
-    """A peer not heard from for this long leaves the view."""
+    """Load reports at most this often while the node has work or its load
+    changed; at once when its busy flag flips (the hotspot valve)."""
+    keepalive_interval_s: float = 10.0
+    """An idle node whose load report would say nothing new repeats it this
+    often: liveness, addresses and digest version for every peer."""
+    peer_ttl_s: float = 30.0
+    """A peer not heard from (gossip, digest pull or RTT probe) for this long
+    leaves the view. One whose connection to us closes leaves at once (the
+    live node's membership; the simulator one link delay after it left)."""
+
+    def __post_init__(self) -> None:
+        for name in ("delta_interval_s", "full_interval_s", "load_interval_s", "keepalive_interval_s", "peer_ttl_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
+        if self.keepalive_interval_s < self.load_interval_s:
+            raise ValueError("keepalive_interval_s must be at least load_interval_s")
+        if self.peer_ttl_s < 2 * self.keepalive_interval_s:
+            raise ValueError(
+                f"peer_ttl_s ({self.peer_ttl_s:g}) must be at least twice keepalive_interval_s "
+                f"({self.keepalive_interval_s:g}): an idle peer would leave the view after one lost keep-alive"
+            )
+
+
+class AnnounceSchedule:
+    """When a node publishes its load report and its full digest.
+
+    One rule for the live node (:mod:`p2pinfer.net.gossip`) and the
+    simulator, so that the simulator's message counts are the node's:
+
+    * a load report goes out at once when the busy flag flips; otherwise at
+      most every ``load_interval_s``, and then only if the node has work
+      (queued prefill or active requests: peers drain a reported queue by
+      the time since the report, so its timestamp is news) or the report
+      differs from the last one sent; and at least every
+      ``keepalive_interval_s`` in any case;
+    * a full digest goes out at most every ``full_interval_s`` and only if
+      the digest (epoch, version) changed since the last full one.
+    """
+
+    __slots__ = ("config", "_load_key", "_load_at", "_busy", "_full")
+
+    def __init__(self, config: GossipConfig) -> None:
+        self.config = config
+        self._load_key: tuple[object, ...] | None = None
+        self._load_at = float("-inf")
+        self._busy = False
+        self._full: tuple[int, int] | None = None
+
+    @staticmethod
+    def _key(load: Load, extra: tuple[object, ...]) -> tuple[object, ...]:
+        return (load.queued_prefill_tokens, load.prefill_ms_per_token, load.active_requests, extra)
+
+    def load_due(self, load: Load, busy: bool, now: float, extra: tuple[object, ...] = ()) -> bool:
+        """Should a load report go out now? ``extra``: anything else it carries that may change (addresses)."""
+        if self._load_key is None or busy != self._busy:
+            return True
+        elapsed = now - self._load_at
+        if elapsed >= self.config.keepalive_interval_s:
+            return True
+        if elapsed < self.config.load_interval_s:
+            return False
+        if load.queued_prefill_tokens > 0 or load.active_requests > 0:
+            return True
+        return self._key(load, extra) != self._load_key
+
+    def next_load_at(self, load: Load, extra: tuple[object, ...] = ()) -> float:
+        """When the next load report falls due if nothing else changes (busy flips aside)."""
+        if self._load_key is None:
+            return float("-inf")
+        if load.queued_prefill_tokens > 0 or load.active_requests > 0 or self._key(load, extra) != self._load_key:
+            return self._load_at + self.config.load_interval_s
+        return self._load_at + self.config.keepalive_interval_s
+
+    def load_sent(self, load: Load, busy: bool, now: float, extra: tuple[object, ...] = ()) -> None:
+        self._load_key = self._key(load, extra)
+        self._load_at = now
+        self._busy = busy
+
+    def full_due(self, epoch: int, version: int) -> bool:
+        return self._full != (epoch, version)
+
+    def full_sent(self, epoch: int, version: int) -> None:
+        self._full = (epoch, version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +185,9 @@ class Router:
         cache.subscribe(self.tracker.on_event)
         self.view = PeerView(self.tracker.fingerprint, node_id)
         self.policy: Policy = policy or make_policy(self.config.policy)
+        self.serving_listeners: list[Callable[[], None]] = []
+        """Called when a request starts or ends being served here (the live
+        node's gossip wakes up on it instead of polling the load)."""
 
     @property
     def fingerprint_hex(self) -> str:
@@ -122,10 +213,14 @@ class Router:
         if hashes is None:
             hashes = self.hasher.hashes(tokens)
         self.tracker.add_in_service(hashes)
+        for listener in self.serving_listeners:
+            listener()
         return hashes
 
     def end_serving(self, hashes: Sequence[int]) -> None:
         self.tracker.remove_in_service(hashes)
+        for listener in self.serving_listeners:
+            listener()
 
     def in_service_match(self, hashes: Sequence[int]) -> int:
         """Tokens of a prompt that a request in service here will have cached

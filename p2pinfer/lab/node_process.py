@@ -44,7 +44,9 @@ def fast_config(
     **kwargs: Any,
 ) -> NodeConfig:
     """A loopback node with an ephemeral port and a short gossip schedule."""
-    gossip = gossip or GossipConfig(delta_interval_s=0.1, full_interval_s=1.0, load_interval_s=0.25, peer_ttl_s=2.0)
+    gossip = gossip or GossipConfig(
+        delta_interval_s=0.1, full_interval_s=1.0, load_interval_s=0.25, keepalive_interval_s=0.5, peer_ttl_s=2.0
+    )
     engine_options = {"speed": speed, **kwargs.pop("engine_options", {})}
     kwargs.setdefault("connect_timeout_s", 5.0)
     kwargs.setdefault("stall_timeout_s", 10.0)

@@ -1,15 +1,23 @@
 """Digest and load gossip over one gossipsub topic per model fingerprint.
 
-Anti-entropy in three layers, all driven by :class:`~p2pinfer.core.router.Router`:
+Anti-entropy in three layers, all driven by :class:`~p2pinfer.core.router.Router`
+on the schedule of :class:`~p2pinfer.core.router.AnnounceSchedule` (which the
+simulator runs too):
 
 * deltas: cache changes are batched and published at most every
   ``delta_interval_s`` (the first change after a quiet spell goes out at the
   next 50 ms poll, so an idle swarm hears of it quickly);
-* full digests every ``full_interval_s`` (with jitter) heal lost deltas;
-* load reports every ``load_interval_s``, and at once when the busy flag
-  flips (the hotspot valve), double as liveness and membership: they carry
-  the addresses to dial and the digest version, so a peer that fell behind
-  pulls a full digest instead of waiting.
+* full digests every ``full_interval_s`` (with jitter), only when the digest
+  changed since the last one, heal lost deltas;
+* load reports, at once when the busy flag flips (the hotspot valve), every
+  ``load_interval_s`` while the node has work or its load changed, and every
+  ``keepalive_interval_s`` when it is idle, double as liveness and
+  membership: they carry the addresses to dial and the digest version, so a
+  peer that fell behind pulls a full digest instead of waiting.
+
+An idle node therefore publishes one small message per keep-alive interval,
+and each peer receives it from each of its gossipsub mesh neighbours: that,
+not the busy schedule, is what a node costs its peers when nothing happens.
 
 The validator runs before gossipsub relays anything: malformed, oversized,
 other-model, spoofed (payload names another node than the signer) and
@@ -35,11 +43,12 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 
 from ..core.digest import Digest
-from ..core.router import Router
+from ..core.router import AnnounceSchedule, Router
 from ..engines.base import Engine
 from .counters import NodeCounters
 from .other_models import OtherModels
 from .sanctions import PeerSanctions
+from .wakeup import Wakeup
 from .wire import GOSSIP_MAX_BYTES, GossipRejected, LoadInfo, decode_gossip, encode_gossip_digest, encode_gossip_load, load_to_pb
 
 __all__ = ["GossipService"]
@@ -85,6 +94,9 @@ class GossipService:
         self._decoded: OrderedDict[bytes, Digest | LoadInfo] = OrderedDict()
         self._rates: dict[str, deque[float]] = {}
         self._last_delta = 0.0
+        self.schedule = AnnounceSchedule(router.config.gossip)
+        self._digest_changed = Wakeup()
+        self._load_changed = Wakeup()
         self.busy = False
         self.published_version = 0
 
@@ -133,6 +145,11 @@ class GossipService:
 
     # -- running -------------------------------------------------------------------------
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self._digest_changed.bind()
+        self._load_changed.bind()
+        # Wake-ups instead of polls: the digest listener may run on an engine thread.
+        self.router.tracker.subscribe(lambda _h, _listed: self._digest_changed.set())
+        self.router.serving_listeners.append(self._load_changed.set)
         self.pubsub.set_topic_validator(self.topic, self.validate, False)
         subscription = await self.pubsub.subscribe(self.topic)
         async with trio.open_nursery() as nursery:
@@ -152,8 +169,11 @@ class GossipService:
         except Exception as exc:  # a publish must never take the node down
             log.warning("gossip publish failed: %s", exc)
 
-    async def publish_digest(self, digest_bytes: bytes) -> None:
-        self.published_version = self.router.tracker.version
+    async def publish_digest(self, digest_bytes: bytes, *, full: bool = False) -> None:
+        tracker = self.router.tracker
+        self.published_version = tracker.version
+        if full:
+            self.schedule.full_sent(tracker.epoch, tracker.version)
         payload = encode_gossip_digest(digest_bytes)
         if len(payload) > GOSSIP_MAX_BYTES:
             # Too big for one gossipsub message: announce the version in a
@@ -164,7 +184,7 @@ class GossipService:
         await self._publish(payload)
 
     async def publish_full(self) -> None:
-        await self.publish_digest(self.router.full_digest())
+        await self.publish_digest(self.router.full_digest(), full=True)
 
     async def flush_delta(self) -> None:
         """Publish pending cache changes now (before a full digest is served)."""
@@ -173,12 +193,12 @@ class GossipService:
             self._last_delta = time.monotonic()
             await self.publish_digest(delta)
 
-    def load_report(self) -> Any:
+    def load_report(self, load: Any = None) -> Any:
         tracker = self.router.tracker
         return load_to_pb(
             self.self_id,
             self.router.fingerprint_hex,
-            self.engine.load(),
+            self.engine.load() if load is None else load,
             self.busy,
             tracker.epoch,
             self.published_version,
@@ -187,29 +207,44 @@ class GossipService:
 
     async def publish_load(self) -> None:
         self.busy = self._is_busy()
-        await self._publish(encode_gossip_load(self.load_report()))
+        load = self.engine.load()
+        self.schedule.load_sent(load, self.busy, time.monotonic(), tuple(self._addrs()))
+        await self._publish(encode_gossip_load(self.load_report(load)))
 
     async def _delta_loop(self) -> None:
+        """A change goes out at once after a quiet spell, then batched every ``delta_interval_s``."""
         interval = self.router.config.gossip.delta_interval_s
         while True:
-            await trio.sleep(min(_POLL_S, interval))
-            if self.router.tracker.pending and time.monotonic() - self._last_delta >= interval:
+            if not self.router.tracker.pending:
+                await self._digest_changed.wait(60.0)
+            wait = self._last_delta + interval - time.monotonic()
+            if wait > 0:
+                await trio.sleep(wait)
+            if self.router.tracker.pending:
                 await self.flush_delta()
 
     async def _full_loop(self) -> None:
         interval = self.router.config.gossip.full_interval_s
+        tracker = self.router.tracker
         while True:
             await trio.sleep(interval * random.uniform(0.9, 1.1))
-            await self.publish_full()
+            if self.schedule.full_due(tracker.epoch, tracker.version):
+                await self.publish_full()
 
     async def _load_loop(self) -> None:
-        interval = self.router.config.gossip.load_interval_s
-        last = time.monotonic()
+        """Checks the load every 50 ms while the node works (a busy flip goes out at
+        once); an idle node sleeps until a request starts or its keep-alive is due."""
+        poll = min(_POLL_S, self.router.config.gossip.load_interval_s)
         while True:
-            await trio.sleep(min(_POLL_S, interval))
-            if self._is_busy() != self.busy or time.monotonic() - last >= interval:
-                last = time.monotonic()
+            load = self.engine.load()
+            busy = self._is_busy()
+            if self.schedule.load_due(load, busy, time.monotonic(), tuple(self._addrs())):
                 await self.publish_load()
+            if busy or load.queued_prefill_tokens > 0 or load.active_requests > 0:
+                await trio.sleep(poll)
+            else:
+                due = self.schedule.next_load_at(self.engine.load(), tuple(self._addrs()))
+                await self._load_changed.wait(due - time.monotonic())
 
     async def _receive_loop(self, subscription: Any) -> None:
         async for msg in subscription:

@@ -171,6 +171,7 @@ def summarise(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
                 "delta_interval_s": cfg.gossip.delta_interval_s,
                 "full_interval_s": cfg.gossip.full_interval_s,
                 "load_interval_s": cfg.gossip.load_interval_s,
+                "keepalive_interval_s": cfg.gossip.keepalive_interval_s,
                 "peer_ttl_s": cfg.gossip.peer_ttl_s,
                 "instant": cfg.instant_gossip,
                 "topic_size": cfg.topic_size or None,

@@ -23,7 +23,7 @@ from ..core.directory import AnchorTracker, DirectoryConfig, DirectoryStore
 from ..core.engine_queue import EngineQueue, Ticket
 from ..core.peers import Load
 from ..core.policies import POLICIES, TtftEstimator, Decision
-from ..core.router import GossipConfig, Router, RouterConfig, TrustConfig
+from ..core.router import AnnounceSchedule, GossipConfig, Router, RouterConfig, TrustConfig
 from .network import DEFAULT_ENVELOPE_BYTES, DEFAULT_MESH_DEGREE, parse_latency
 
 __all__ = [
@@ -263,6 +263,8 @@ class SimNode:
         self.sanctioned: dict[str, float] = {}
         """Peer id -> virtual time its sanction ends: until then what it says is dropped
         (the live node's :class:`~p2pinfer.net.sanctions.PeerSanctions`)."""
+        self.schedule = AnnounceSchedule(router.config.gossip)
+        """When it publishes load reports and full digests (the live node's rule)."""
 
     def distrusts(self, peer_id: str, now: float) -> bool:
         until = self.sanctioned.get(peer_id)

@@ -15,10 +15,15 @@ Gossip is modelled on gossipsub with mesh degree ``D`` (6 by default):
   value, or the distribution's median);
 * each subscriber's *inbound* bandwidth is counted as ``min(D, n - 1)``
   copies of (payload + gossipsub envelope): every mesh neighbour forwards
-  the message once (gossipsub v1.1 without IDONTWANT, an upper bound);
-* the envelope (gossipsub Message: 38-byte peer id, 8-byte seqno, topic,
-  64-byte Ed25519 signature, protobuf framing, yamux and noise framing) is
-  taken as 180 bytes; IHAVE/IWANT control traffic is *not* counted;
+  the message once (gossipsub v1.1, which the live node speaks: no
+  IDONTWANT, an upper bound);
+* the envelope is :func:`gossip_envelope_bytes` for the node's topic (277
+  bytes): the signed gossipsub Message around the payload (38-byte peer id,
+  8-byte seqno, the 83-character topic, 36-byte public key, 64-byte Ed25519
+  signature), the RPC around it, its length prefix, one yamux frame header
+  and one Noise frame. No signed peer record (the live node sends it once
+  per pubsub stream, not in every RPC) and no yamux window updates (one per
+  half window). IHAVE/IWANT control traffic is *not* counted;
 * loss drops a message independently for each receiver (no IWANT
   recovery): full digests heal the lost deltas, as in the live node.
 
@@ -43,6 +48,7 @@ import xxhash
 
 __all__ = [
     "DEFAULT_ENVELOPE_BYTES",
+    "gossip_envelope_bytes",
     "DEFAULT_MESH_DEGREE",
     "LatencyModel",
     "digest_message_bytes",
@@ -55,7 +61,8 @@ __all__ = [
 ]
 
 DEFAULT_MESH_DEGREE = 6
-DEFAULT_ENVELOPE_BYTES = 180
+TOPIC_CHARS = len("/p2pinfer/digest/1/") + 64
+"""``p2pinfer.net.host.digest_topic``: a prefix and the model fingerprint in hex."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,24 @@ def _varint_len(v: int) -> int:
 def _field_len(payload: int) -> int:
     """Tag (1 byte for field numbers < 16) + length varint + bytes."""
     return 1 + _varint_len(payload) + payload
+
+
+def gossip_envelope_bytes(topic_chars: int = TOPIC_CHARS, payload: int = 200) -> int:
+    """Bytes one gossip copy adds to its ``payload`` on the wire above TCP.
+
+    py-libp2p's strictly signed ``pubsub.pb.Message`` (from: a 38-byte
+    Ed25519 peer id, the data, an 8-byte seqno, one topic, the 64-byte
+    signature and the 36-byte protobuf public key), inside an ``RPC.publish``
+    field, with its varint length prefix, in one yamux data frame (12-byte
+    header) sealed as one Noise transport message (2-byte length, 16-byte
+    tag). ``payload`` only sets the width of two length varints.
+    """
+    message = _field_len(38) + _field_len(payload) + _field_len(8) + _field_len(topic_chars) + _field_len(64) + _field_len(36)
+    rpc = _field_len(message)
+    return rpc + _varint_len(rpc) + 12 + 18 - payload
+
+
+DEFAULT_ENVELOPE_BYTES = gossip_envelope_bytes()
 
 
 def load_report_bytes(

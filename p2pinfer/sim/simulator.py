@@ -46,6 +46,7 @@ from typing import Any
 from ..core.attempts import Action, Done, Fail, ForwardTo, PeerLost, Refused, Sanction, ServeHere
 from ..core.digest import Digest, decode_digest
 from ..core.directory import Answer, DirectoryView, apply_answer
+from ..core.peers import Load
 from ..core.policies import TtftEstimator, CostPolicy, Decision, LocalState, RouteRequest
 from ..core.radix import RadixTree
 from ..core.router import Router, RouterConfig
@@ -237,11 +238,14 @@ class Simulator(DirectoryMode):
 
     def _publish_digest(self, src: SimNode, data: bytes) -> None:
         digest = decode_digest(data)
+        if digest.kind == "full":
+            src.schedule.full_sent(digest.epoch, digest.version)
         self._publish(src, digest.kind, digest, len(data), digest_message_bytes(len(data)))
 
-    def _publish_load(self, src: SimNode) -> None:
-        load = src.load()
-        busy = src.router.over_busy_queue(load)
+    def _publish_load(self, src: SimNode, load: Load | None = None, busy: bool | None = None) -> None:
+        load = src.load() if load is None else load
+        busy = src.router.over_busy_queue(load) if busy is None else busy
+        src.schedule.load_sent(load, busy, self.now)
         tracker = src.router.tracker
         wire = load_report_bytes(
             src.id, self.fingerprint_hex, load.queued_prefill_tokens, load.active_requests, busy, tracker.epoch, tracker.version
@@ -295,13 +299,18 @@ class Simulator(DirectoryMode):
     def _full_tick(self, node: SimNode) -> None:
         if not node.alive:
             return
-        self._publish_digest(node, node.router.full_digest())
+        tracker = node.router.tracker
+        if node.schedule.full_due(tracker.epoch, tracker.version):
+            self._publish_digest(node, node.router.full_digest())
         self.at(self.now + self.config.gossip.full_interval_s, self._full_tick, node)
 
     def _load_tick(self, node: SimNode) -> None:
         if not node.alive:
             return
-        self._publish_load(node)
+        load = node.load()
+        busy = node.router.over_busy_queue(load)
+        if node.schedule.load_due(load, busy, self.now):
+            self._publish_load(node, load, busy)
         self.at(self.now + self.config.gossip.load_interval_s, self._load_tick, node)
 
     def _expire_tick(self, node: SimNode) -> None:
@@ -565,7 +574,15 @@ class Simulator(DirectoryMode):
         node.alive = False
         node.left_at = self.now
         self.alive.remove(node)
-        self.topics[node.topic].remove(node)
+        members = self.topics[node.topic]
+        members.remove(node)
+        if self.gossip_on and not self.config.instant_gossip:
+            # Its connections close: every topic member drops it from its view (the live
+            # node's membership does so within a tick), after whatever it gossiped
+            # before leaving has been delivered, so that no late message re-admits it.
+            gossip_s = mesh_hops(len(members) + 1, self.config.mesh_degree) * self.latency.typical_ms / 1000.0
+            for other in members:
+                self.at(self.now + max(self.link_s(node, other), gossip_s), self._connection_closed, other, node)
         if self.oracle_index is not None:
             self.oracle_index.detach(node.idx)
         if self.dir_on:
@@ -583,6 +600,10 @@ class Simulator(DirectoryMode):
             elif req.rid in served_here and req.entry is not None:
                 # The entry sees the stream break one link delay later and re-routes.
                 self.at(self.now + self.link_s(node, req.entry), self._forward_failed, req, req.gen, req.entry, node)
+
+    def _connection_closed(self, node: SimNode, gone: SimNode) -> None:
+        if node.alive:
+            node.router.on_peer_gone(gone.id)
 
     def _client_retry(self, req: Req) -> None:
         if req.done:

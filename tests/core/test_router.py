@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from p2pinfer.core import LOCAL, Load, ModelFingerprint, RadixTree, Router
 
 FP = ModelFingerprint("m", "t", "c")
@@ -121,3 +123,78 @@ def test_the_local_match_counts_a_prompt_this_node_serves() -> None:
     a.begin_serving(PROMPT[:100])  # 6 whole blocks of 16
     decision, _ = a.route(PROMPT, Load(0, 4.0), 1.0)
     assert decision.target == LOCAL and decision.predicted_match_tokens == 96
+
+
+# -- the announce schedule (issue 14) ------------------------------------------------------------
+def test_gossip_config_refuses_a_ttl_shorter_than_two_keepalives() -> None:
+    from p2pinfer.core.router import GossipConfig
+
+    GossipConfig(keepalive_interval_s=2.0, peer_ttl_s=4.0)
+    with pytest.raises(ValueError, match="twice keepalive"):
+        GossipConfig(keepalive_interval_s=2.0, peer_ttl_s=3.9)
+    with pytest.raises(ValueError, match="at least load_interval"):
+        GossipConfig(load_interval_s=2.0, keepalive_interval_s=1.0)
+    with pytest.raises(ValueError, match="positive"):
+        GossipConfig(delta_interval_s=0.0)
+
+
+def test_an_idle_node_announces_its_load_only_as_a_keepalive() -> None:
+    from p2pinfer.core.peers import Load
+    from p2pinfer.core.router import AnnounceSchedule, GossipConfig
+
+    cfg = GossipConfig(load_interval_s=1.0, keepalive_interval_s=10.0, peer_ttl_s=30.0)
+    s = AnnounceSchedule(cfg)
+    idle = Load(0, 4.0, 0)
+    assert s.load_due(idle, False, 0.0)  # the first report always goes out
+    s.load_sent(idle, False, 0.0)
+    # Nothing new: silent until the keep-alive, however often it is asked.
+    assert [t for t in (0.5, 1.0, 2.0, 5.0, 9.99) if s.load_due(idle, False, t)] == []
+    assert s.load_due(idle, False, 10.0)
+    s.load_sent(idle, False, 10.0)
+    # A change goes out at the next load interval, not before.
+    assert not s.load_due(Load(0, 5.0, 0), False, 10.5)
+    assert s.load_due(Load(0, 5.0, 0), False, 11.0)
+    # So does a change of anything else the report carries (addresses).
+    assert s.load_due(idle, False, 11.0, ("/ip4/10.0.0.2/tcp/4001",))
+
+
+def test_a_working_node_reports_every_interval_and_a_busy_flip_at_once() -> None:
+    from p2pinfer.core.peers import Load
+    from p2pinfer.core.router import AnnounceSchedule, GossipConfig
+
+    s = AnnounceSchedule(GossipConfig())
+    working = Load(300, 4.0, 1)
+    s.load_sent(working, False, 0.0)
+    # Unchanged, but with work: its timestamp is news (peers drain a reported queue by its age).
+    assert not s.load_due(working, False, 0.9)
+    assert s.load_due(working, False, 1.0)
+    assert s.load_due(Load(0, 4.0, 1), False, 1.0)  # active requests count as work
+    # The hotspot valve does not wait for the interval.
+    assert s.load_due(working, True, 0.01)
+    s.load_sent(working, True, 0.01)
+    assert s.load_due(working, False, 0.02)
+
+
+def test_a_full_digest_goes_out_only_when_the_digest_changed() -> None:
+    from p2pinfer.core.router import AnnounceSchedule, GossipConfig
+
+    s = AnnounceSchedule(GossipConfig())
+    assert s.full_due(7, 0)
+    s.full_sent(7, 0)
+    assert not s.full_due(7, 0)
+    assert s.full_due(7, 1)
+    s.full_sent(7, 1)
+    assert not s.full_due(7, 1)
+    assert s.full_due(8, 1)  # a new epoch (restart) too
+
+
+def test_the_schedule_says_when_the_next_load_report_falls_due() -> None:
+    from p2pinfer.core.peers import Load
+    from p2pinfer.core.router import AnnounceSchedule, GossipConfig
+
+    s = AnnounceSchedule(GossipConfig(load_interval_s=1.0, keepalive_interval_s=10.0, peer_ttl_s=30.0))
+    assert s.next_load_at(Load()) == float("-inf")  # never sent: now
+    s.load_sent(Load(0, 4.0, 0), False, 100.0)
+    assert s.next_load_at(Load(0, 4.0, 0)) == 110.0  # idle, unchanged: the keep-alive
+    assert s.next_load_at(Load(0, 4.5, 0)) == 101.0  # changed: the next interval
+    assert s.next_load_at(Load(10, 4.0, 1)) == 101.0  # working

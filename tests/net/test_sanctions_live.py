@@ -30,7 +30,7 @@ def forge_claim(node: Node, peer_id: str, tokens: list[int]) -> None:
 
 
 async def test_distrusted_peer_stays_out_through_expiry_and_reconnect_then_returns():
-    gossip = GossipConfig(delta_interval_s=0.1, full_interval_s=1.0, load_interval_s=0.25, peer_ttl_s=2.0)
+    gossip = GossipConfig(delta_interval_s=0.1, full_interval_s=1.0, load_interval_s=0.25, keepalive_interval_s=0.5, peer_ttl_s=2.0)
     router = RouterConfig(policy="paper", gossip=gossip, trust=TrustConfig(distrust_s=8.0))
     async with Node(fast_config(speed=0.1, gossip=gossip)) as b, Node(
         fast_config(bootstrap=(b.addrs[0],), speed=0.1).replace(router=router)

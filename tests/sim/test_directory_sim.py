@@ -35,7 +35,7 @@ DIR = SimConfig(nodes=16, discovery="directory", topic_size=4, seed=3)
 def test_every_arrival_completes_exactly_once_under_churn_and_loss(swarm_600: Any) -> None:
     config = replace(
         DIR, churn_interval_s=8.0, rejoin_delay_s=2.0, loss=0.2, membership_delay_s=1.0, busy_queue_ms=1500.0,
-        gossip=GossipConfig(peer_ttl_s=3.0), directory=DirectoryConfig(refresh_s=5.0, entry_ttl_s=12.0),
+        gossip=GossipConfig(keepalive_interval_s=1.0, peer_ttl_s=3.0), directory=DirectoryConfig(refresh_s=5.0, entry_ttl_s=12.0),
     )
     sim, result = run(config, swarm_600)
     assert sorted(r.rid for r in sim.completed) == list(range(600))  # each arrival once, none twice

@@ -39,3 +39,30 @@ def test_wire_sizes_match_the_generated_protobuf() -> None:
         assert load_report_bytes(node, fp, queued, active, busy, epoch, version) == len(wire.encode_gossip_load(report))
     for n in (0, 100, 5000, 300_000):
         assert digest_message_bytes(n) == len(wire.encode_gossip_digest(b"d" * n))
+
+
+def test_gossip_envelope_matches_a_real_signed_pubsub_rpc() -> None:
+    """What one gossip copy adds to its payload, against py-libp2p's own encoding."""
+    pytest.importorskip("libp2p")
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+    from libp2p.pubsub.pb import rpc_pb2
+    from libp2p.utils import encode_varint_prefixed
+
+    from p2pinfer.net.host import digest_topic
+    from p2pinfer.sim.network import DEFAULT_ENVELOPE_BYTES, TOPIC_CHARS, gossip_envelope_bytes
+
+    keys = create_new_key_pair()
+    topic = digest_topic("ab" * 32)
+    assert len(topic) == TOPIC_CHARS
+    for payload_len in (60, 150, 1200):
+        payload = b"x" * payload_len
+        msg = rpc_pb2.Message(
+            from_id=ID.from_pubkey(keys.public_key).to_bytes(), data=payload, seqno=(12345).to_bytes(8, "big"),
+            topicIDs=[topic],
+        )
+        msg.key = keys.public_key.serialize()
+        msg.signature = keys.private_key.sign(b"libp2p-pubsub:" + msg.SerializeToString())
+        framed = len(encode_varint_prefixed(rpc_pb2.RPC(publish=[msg]).SerializeToString())) + 12 + 18  # yamux, Noise
+        assert framed - payload_len == gossip_envelope_bytes(payload=payload_len)
+    assert DEFAULT_ENVELOPE_BYTES == gossip_envelope_bytes(payload=200)

@@ -28,7 +28,7 @@ def test_every_arrival_completes_exactly_once_under_churn_and_loss(mmlu_300: Any
     _, built = mmlu_300
     config = SimConfig(
         nodes=5, policy=policy, churn_interval_s=20.0, rejoin_delay_s=3.0, loss=0.2, seed=7,
-        busy_queue_ms=1500.0, gossip=GossipConfig(peer_ttl_s=3.0),
+        busy_queue_ms=1500.0, gossip=GossipConfig(keepalive_interval_s=1.0, peer_ttl_s=3.0),
     )
     sim, result = run(config, built)
     rids = [r.rid for r in sim.completed]
@@ -132,3 +132,38 @@ def test_a_swarm_whose_peer_views_cannot_fit_is_refused() -> None:
     with pytest.raises(ValueError, match="--topic-size"):
         SimConfig(nodes=100_000).validate()
     SimConfig(nodes=2000, topic_size=8).validate()  # topics bound what each view holds
+
+
+def test_an_idle_swarm_sends_keepalives_not_load_reports_every_interval() -> None:
+    """Far-apart arrivals: the nodes idle almost all the time, so each sends one
+    load report per keep-alive interval (the live node's AnnounceSchedule), and
+    a full digest only after its cache changed."""
+    spec = WorkloadSpec(requests=12, rate=0.01)
+    reqs, encoder, info = build_requests(spec, 4, 3)
+    gossip = GossipConfig()  # load 1 s, keep-alive 10 s
+    sim = Simulator(SimConfig(nodes=4, policy="cost", seed=3, gossip=gossip), reqs, encoder, workload=info)
+    sim.run()
+    node_seconds = 4 * sim.now
+    assert sim.now > 300  # long idle stretches between arrivals
+    keepalives = node_seconds / gossip.keepalive_interval_s
+    # Every node reports at least once per keep-alive, and little more: a few extra
+    # reports around each of the 12 requests (their load changes each second).
+    assert keepalives * 0.9 <= sim.msg_count["load"] <= keepalives * 1.1 + 12 * 4 * 5
+    assert sim.msg_count["load"] < node_seconds / gossip.load_interval_s / 4
+    # Full digests: one per join, then only when a cache changed (12 requests), not every 5 s.
+    assert sim.msg_count["full"] <= 4 + 12 * 2 < node_seconds / gossip.full_interval_s / 10
+
+
+def test_a_node_that_leaves_drops_out_of_every_view_at_once() -> None:
+    """Its connections close (the live node's membership drops it within a tick),
+    long before the 30 s peer TTL."""
+    spec = WorkloadSpec(requests=300, rate=0.5)
+    reqs, encoder, info = build_requests(spec, 6, 9)
+    config = SimConfig(nodes=6, policy="cost", churn_interval_s=10.0, rejoin_delay_s=3.0, seed=9)
+    assert config.gossip.peer_ttl_s == 30.0
+    sim = Simulator(config, reqs, encoder, workload=info)
+    sim.run()
+    left = [n for n in sim.nodes if not n.alive and n.left_at is not None and n.left_at < sim.now - 0.1]
+    assert len(left) >= 3
+    for node in left:
+        assert all(node.id not in other.router.view for other in sim.alive), (node.left_at, sim.now)
