@@ -69,6 +69,9 @@ class NodeConfig:
     stream_idle_s: float = 30.0
     """Idle forwarding streams are closed after this (the serving side waits twice as long)."""
     rtt_interval_s: float = 2.0
+    """RTT probes of a new peer (or one whose RTT moved, or whose probe failed) this often."""
+    rtt_max_interval_s: float = 10.0
+    """RTT probes back off, doubling, to this interval while a peer's RTT is stable."""
 
     def __post_init__(self) -> None:
         if not self.listen:
@@ -88,6 +91,8 @@ class NodeConfig:
         for name in ("request_timeout_s", "stall_timeout_s", "connect_timeout_s", "stream_idle_s", "rtt_interval_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive")
+        if self.rtt_max_interval_s < self.rtt_interval_s:
+            raise ConfigError("rtt_max_interval_s must be at least rtt_interval_s")
 
     @property
     def gossip(self) -> GossipConfig:

@@ -54,6 +54,9 @@ class NodeCounters:
     pulls_failed: int = 0
     pulls_served: int = 0
     peers_expired: int = 0
+    """Peers that left the view after ``peer_ttl_s`` of silence."""
+    peers_disconnected: int = 0
+    """Peers that left the view because their connection to this node closed."""
     dials_ok: int = 0
     dials_failed: int = 0
     rtt_probes: int = 0
@@ -64,8 +67,7 @@ class NodeCounters:
     ``subscriptions``; an RPC carrying several kinds counts once for each):
     relayed copies and gossipsub control traffic included."""
     pubsub_bytes_sent: Counter[str] = field(default_factory=Counter)
-    """Bytes of those RPCs (protobuf, before yamux and Noise framing), by the
-    RPC's first kind; ``sender record`` counts the signed peer records inside them."""
+    """Bytes of those RPCs (protobuf, before yamux and Noise framing), by the RPC's first kind."""
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

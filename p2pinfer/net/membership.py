@@ -3,12 +3,23 @@
 Peers are learned from the bootstrap list (kept and re-dialled for ever),
 from load reports relayed by gossip (they carry the sender's addresses),
 from the peer lists of digest pulls, and optionally from mDNS. A peer is
-*in the view* while we hear from it; one that falls silent for
-``peer_ttl_s`` leaves the view and the forwarding pool, and comes back as
-soon as it is heard again. RTT comes from the standard libp2p ping
-protocol over one long-lived stream per peer, timed here with
-``perf_counter`` (libp2p's own helper rounds to whole milliseconds, which
-is 0 on a LAN).
+*in the view* while we hear from it (gossip, a pull, an RTT probe); it
+leaves the view and the forwarding pool when
+
+* its connection to us closes (seen within one :data:`_TICK_S` tick): a
+  process that dies, even by SIGKILL, has its connections closed by its
+  kernel, so it leaves the view of every peer connected to it at once;
+* or it falls silent for ``peer_ttl_s`` (a machine that vanished without
+  closing anything, a hung process, a peer we only hear through relays);
+
+and it comes back as soon as it is heard again (a dropped connection is
+re-dialled). RTT comes from the standard libp2p ping protocol over one
+long-lived stream per peer, timed here with ``perf_counter`` (libp2p's own
+helper rounds to whole milliseconds, which is 0 on a LAN): every
+``rtt_interval_s`` for a new peer, backing off by doubling to
+``rtt_max_interval_s`` while its RTT stays within :data:`_RTT_STABLE` of
+the smoothed value, back to the short interval when it moves or a probe
+fails. A probe that succeeds counts as hearing from the peer.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ from typing import Any
 import multiaddr
 import trio
 
-from libp2p.abc import IHost, INetStream
+from libp2p.abc import IHost, INetConn, INetStream, INetwork, INotifee
 from libp2p.host.ping import ID as PING_PROTOCOL
 from libp2p.io.utils import read_exactly
 from libp2p.peer.id import ID
@@ -33,16 +44,27 @@ from ..core.router import Router
 from .config import NodeConfig
 from .counters import NodeCounters
 from .framing import finish_stream
+from .wakeup import Wakeup
 
-__all__ = ["Membership", "split_p2p_addr"]
+__all__ = ["Membership", "expire_check_s", "split_p2p_addr"]
 
 log = logging.getLogger(__name__)
 
 _TICK_S = 0.25
+"""Most a connection change waits to be acted on; the loops wake on libp2p's
+connection events and sleep up to :data:`_IDLE_CHECK_S` otherwise."""
+_IDLE_CHECK_S = 5.0
 _MAX_BACKOFF_S = 30.0
 _FORGET_AFTER_FAILURES = 6
 _PING_BYTES = 32
 _PEERSTORE_TTL_S = 600
+_RTT_STABLE = (0.25, 1.0)
+"""A sample within 25 % or 1 ms of the smoothed RTT counts as stable."""
+
+
+def expire_check_s(ttl_s: float) -> float:
+    """How often the view is checked for silent peers: one leaves it at most this long after its TTL."""
+    return min(1.0, ttl_s / 4)
 
 
 def split_p2p_addr(addr: str) -> tuple[str, str]:
@@ -54,6 +76,41 @@ def split_p2p_addr(addr: str) -> tuple[str, str]:
     ID.from_base58(peer)  # validates
     transport = addr.split("/p2p/")[0]
     return transport, peer
+
+
+class _ConnectionEvents(INotifee):
+    """libp2p network events -> wake the membership loops (no polling)."""
+
+    def __init__(self, wakeups: list[Wakeup]) -> None:
+        self._wakeups = wakeups
+
+    def _wake(self) -> None:
+        for w in self._wakeups:
+            w.set()
+
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        self._wake()
+
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
+        self._wake()
+
+    async def listen(self, network: INetwork, multiaddr: Any) -> None:
+        pass
+
+    async def listen_close(self, network: INetwork, multiaddr: Any) -> None:
+        pass
+
+
+@dataclass
+class _Probe:
+    interval: float
+    due: float
 
 
 @dataclass
@@ -88,6 +145,9 @@ class Membership:
         self._book: dict[str, _Entry] = {}
         self._connected: set[str] = set()
         self._ping_streams: dict[str, INetStream] = {}
+        self._probes: dict[str, _Probe] = {}
+        self._connections_changed = Wakeup()
+        self._dial_wanted = Wakeup()
         self._trio_token: trio.lowlevel.TrioToken | None = None
         for addr in config.bootstrap:
             transport, peer = split_p2p_addr(addr)
@@ -118,6 +178,8 @@ class Membership:
             entry.next_dial = 0.0
         if clean:
             self._to_peerstore(peer_id, clean)
+        if peer_id not in self._connected:
+            self._dial_wanted.set()
 
     def _to_peerstore(self, peer_id: str, addrs: list[str]) -> None:
         """So that a forward or pull can dial a peer the dial loop has not reached yet."""
@@ -144,6 +206,10 @@ class Membership:
     # -- running -------------------------------------------------------------------------------
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._trio_token = trio.lowlevel.current_trio_token()
+        self._connections_changed.bind()
+        self._dial_wanted.bind()
+        events = _ConnectionEvents([self._connections_changed, self._dial_wanted])
+        self.host.get_network().register_notifee(events)
         unregister = self._hook_mdns()
         try:
             async with trio.open_nursery() as nursery:
@@ -154,6 +220,9 @@ class Membership:
                 task_status.started()
         finally:
             unregister()
+            remove = getattr(self.host.get_network(), "remove_notifee", None)
+            if remove is not None:
+                remove(events)
 
     async def aclose(self) -> None:
         for peer_id in list(self._ping_streams):
@@ -179,20 +248,28 @@ class Membership:
         return lambda: peerDiscovery.unregister_peer_discovered_handler(discovered)
 
     async def _dial_loop(self, nursery: trio.Nursery) -> None:
+        """Dials what the book holds and we are not connected to: when a peer is
+        learned or a connection changes, when a back-off ends, and every
+        :data:`_IDLE_CHECK_S` in any case."""
         limiter = trio.CapacityLimiter(8)
         while True:
             now = time.monotonic()
             live = {p.to_base58() for p in self.host.get_connected_peers()}
             room = self.config.max_peers - len(live)
+            soonest = now + _IDLE_CHECK_S
             for entry in list(self._book.values()):
+                if entry.peer_id in live or entry.dialing or not entry.addrs:
+                    continue
+                if now < entry.next_dial:
+                    soonest = min(soonest, entry.next_dial)
+                    continue
                 if room <= 0:
                     break
-                if entry.peer_id in live or entry.dialing or now < entry.next_dial or not entry.addrs:
-                    continue
                 entry.dialing = True
                 room -= 1
                 nursery.start_soon(self._dial, entry, limiter)
-            await trio.sleep(_TICK_S)
+            await trio.sleep(_TICK_S)  # at most this often, as before
+            await self._dial_wanted.wait(soonest - time.monotonic())
 
     async def _dial(self, entry: _Entry, limiter: trio.CapacityLimiter) -> None:
         try:
@@ -211,41 +288,92 @@ class Membership:
                 self._book.pop(entry.peer_id, None)
         finally:
             entry.dialing = False
+            if entry.failures:
+                self._dial_wanted.set()  # its back-off is due before the next idle check
 
     async def _watch_loop(self) -> None:
-        """Notice new connections (ours or theirs): pull the newcomer's digest."""
+        """Notice new connections (ours or theirs): pull the newcomer's digest;
+        and closed ones: the peer leaves the view. Woken by libp2p's connection
+        events (and every :data:`_IDLE_CHECK_S`), at most every :data:`_TICK_S`."""
         while True:
             live = {p.to_base58() for p in self.host.get_connected_peers()}
             for peer_id in live - self._connected:
                 self._on_meet(peer_id)
-            for peer_id in self._connected - live:
+            lost = self._connected - live
+            self._connected = live
+            for peer_id in lost:
+                self._probes.pop(peer_id, None)
                 stream = self._ping_streams.pop(peer_id, None)
                 if stream is not None:
                     await finish_stream(stream, False)
-            self._connected = live
+                if peer_id in self.router.view:
+                    self.router.on_peer_gone(peer_id)
+                    self.counters.peers_disconnected += 1
+                    log.info("peer %s left the view (connection closed)", peer_id)
+                    await self._on_gone(peer_id)
             await trio.sleep(_TICK_S)
+            await self._connections_changed.wait(_IDLE_CHECK_S)
 
     async def _expire_loop(self) -> None:
         ttl = self.router.config.gossip.peer_ttl_s
         while True:
-            await trio.sleep(min(0.5, ttl / 4))
+            await trio.sleep(expire_check_s(ttl))
             for peer_id in self.router.view.expire(time.monotonic(), ttl):
                 self.counters.peers_expired += 1
                 log.info("peer %s left the view (silent for %.1f s)", peer_id, ttl)
+                self._probes.pop(peer_id, None)
                 stream = self._ping_streams.pop(peer_id, None)
                 if stream is not None:
                     await finish_stream(stream, False)
                 await self._on_gone(peer_id)
 
     async def _rtt_loop(self) -> None:
+        short = self.config.rtt_interval_s
         while True:
-            await trio.sleep(self.config.rtt_interval_s)
-            targets = [p.peer_id for p in self.router.view if p.peer_id in self._connected]
-            async with trio.open_nursery() as nursery:
-                for peer_id in targets:
-                    nursery.start_soon(self._ping, peer_id)
+            now = time.monotonic()
+            due = []
+            for state in self.router.view:
+                if state.peer_id not in self._connected:
+                    continue
+                probe = self._probes.get(state.peer_id)
+                if probe is None:
+                    probe = self._probes[state.peer_id] = _Probe(short, now + short)
+                elif probe.due <= now:
+                    due.append(state.peer_id)
+            if due:
+                async with trio.open_nursery() as nursery:
+                    for peer_id in due:
+                        nursery.start_soon(self._ping, peer_id)
+            for peer_id in [p for p in self._probes if p not in self._connected]:
+                del self._probes[peer_id]
+            soonest = min((p.due for p in self._probes.values()), default=now + short)
+            await trio.sleep(min(short, max(0.05, soonest - time.monotonic())))
+
+    def _probed(self, peer_id: str, rtt_ms: float | None) -> None:
+        """Next probe of ``peer_id``: later while its RTT is stable, soon otherwise."""
+        probe = self._probes.get(peer_id)
+        if probe is None:
+            return
+        state = self.router.view.get(peer_id)
+        smoothed = None if state is None else state.rtt_ms
+        short, longest = self.config.rtt_interval_s, self.config.rtt_max_interval_s
+        rel, absolute = _RTT_STABLE
+        if rtt_ms is not None and smoothed is not None and abs(rtt_ms - smoothed) <= max(absolute, rel * smoothed):
+            probe.interval = min(longest, 2 * probe.interval)
+        else:
+            probe.interval = short
+        probe.due = time.monotonic() + probe.interval
 
     async def _ping(self, peer_id: str) -> None:
+        rtt_ms: float | None = None
+        try:
+            rtt_ms = await self._measure_rtt(peer_id)
+        finally:
+            self._probed(peer_id, rtt_ms)
+            if rtt_ms is not None and peer_id in self.router.view:
+                self.router.view.set_rtt(peer_id, rtt_ms, time.monotonic())
+
+    async def _measure_rtt(self, peer_id: str) -> float | None:
         stream = self._ping_streams.get(peer_id)
         try:
             with trio.fail_after(min(5.0, self.config.connect_timeout_s)):
@@ -260,9 +388,9 @@ class Membership:
                 rtt_ms = (time.perf_counter() - t0) * 1000
             if echo != payload:
                 raise ValueError("ping echo differs")
-            if peer_id in self.router.view:
-                self.router.view.set_rtt(peer_id, rtt_ms, time.monotonic())
+            return rtt_ms
         except Exception as exc:
             log.debug("ping %s failed: %s: %s", peer_id, type(exc).__name__, exc)
             if self._ping_streams.pop(peer_id, None) is not None and stream is not None:
                 await finish_stream(stream, False)
+            return None
