@@ -70,7 +70,7 @@ class NodeConfig:
     """Idle forwarding streams are closed after this (the serving side waits twice as long)."""
     rtt_interval_s: float = 2.0
     """RTT probes of a new peer (or one whose RTT moved, or whose probe failed) this often."""
-    rtt_max_interval_s: float = 10.0
+    rtt_max_interval_s: float = 30.0
     """RTT probes back off, doubling, to this interval while a peer's RTT is stable."""
 
     def __post_init__(self) -> None:

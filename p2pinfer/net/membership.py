@@ -58,8 +58,10 @@ _MAX_BACKOFF_S = 30.0
 _FORGET_AFTER_FAILURES = 6
 _PING_BYTES = 32
 _PEERSTORE_TTL_S = 600
-_RTT_STABLE = (0.25, 1.0)
-"""A sample within 25 % or 1 ms of the smoothed RTT counts as stable."""
+_RTT_STABLE = (1.0, 10.0)
+"""A sample within 100 % or 10 ms of the smoothed RTT counts as stable: what
+routing weighs against prefill (milliseconds per token) barely moves with
+less, and a loaded machine's loopback jitters more than that."""
 
 
 def expire_check_s(ttl_s: float) -> float:
