@@ -1,6 +1,6 @@
 """``p2pinfer bench idle``: what an idle node costs its machine, by swarm size.
 
-For each node count N: N node processes (``p2pinfer.net.testing_node``, the
+For each node count N: N node processes (``p2pinfer.lab.scripted_node``, the
 simulated engine, the default :class:`~p2pinfer.net.config.NodeConfig` a
 user gets from ``p2pinfer node --engine simulated``) on TCP loopback, the
 first one the bootstrap of the others, no requests at all. Once every node

@@ -12,7 +12,7 @@ from libp2p.peer.id import ID
 from libp2p.stream_muxer.yamux.yamux import YamuxStream
 
 from p2pinfer.net import libp2p_patches
-from p2pinfer.net.testing import fast_config
+from p2pinfer.lab.node_process import fast_config
 from p2pinfer.node import Node
 
 SINK = TProtocol("/p2pinfer-test/sink/1.0.0")

@@ -66,7 +66,12 @@ def test_checksum_refresh_heals_lost_updates_for_fewer_bytes(swarm_600: Any) -> 
     kinds_full = full["discovery"]["in_bytes_per_node_per_s_by_kind"]
     kinds = checked["discovery"]["in_bytes_per_node_per_s_by_kind"]
     assert checked["discovery"]["directory"]["messages"]["resync"] > 0  # lost updates were found and resent
-    assert kinds["directory refresh"] + kinds["directory resync"] < kinds_full["directory refresh"] / 2
+    # Bytes per refresh sent: how many refreshes a run sends depends on which
+    # registrations its losses and timings left, which differs between the two
+    # runs by chance (about 10 % at this seed since issue 14's gossip schedule).
+    per_refresh = (kinds["directory refresh"] + kinds["directory resync"]) / checked["discovery"]["directory"]["messages"]["refresh"]
+    per_refresh_full = kinds_full["directory refresh"] / full["discovery"]["directory"]["messages"]["refresh"]
+    assert per_refresh < per_refresh_full / 2
     assert checked["hit_rate"] > full["hit_rate"] - 0.02
 
 
