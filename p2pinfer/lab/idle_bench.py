@@ -40,10 +40,11 @@ import sys
 import time
 from typing import Any
 
+from .provenance import provenance
+
 __all__ = [
     "IdleSwarm",
     "cpu_seconds",
-    "provenance",
     "rss_mib",
     "run_idle_bench",
     "summarize_pyspy_raw",
@@ -106,27 +107,6 @@ def tcp_bytes_by_pid(pids: set[int]) -> dict[int, tuple[int, int]] | None:
         for key, value in _BYTES_RE.findall(line):
             totals[owner][0 if key == "bytes_received" else 1] += int(value)
     return {pid: (v[0], v[1]) for pid, v in totals.items()}
-
-
-def provenance(argv: list[str] | None = None) -> dict[str, Any]:
-    """The exact command and the git commit of the code that ran (for docs/results/)."""
-    root = Path(__file__).resolve().parents[2]
-    info: dict[str, Any] = {
-        "command": " ".join(["p2pinfer", *(argv if argv is not None else sys.argv[1:])]),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-    }
-    try:
-        info["git_commit"] = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()
-        info["git_dirty"] = bool(dirty)
-    except (OSError, subprocess.CalledProcessError):
-        info["git_commit"] = None
-    return info
 
 
 # -- py-spy ------------------------------------------------------------------------------------
@@ -364,7 +344,7 @@ def run_idle_bench(
                 "python": platform.python_version(),
                 "libp2p": version("libp2p"),
             },
-            **provenance(),
+            "provenance": provenance(),
         }
 
     results: list[dict[str, Any]] = []
