@@ -5,8 +5,9 @@ loopback, bootstrapped from the first; nobody sends a request. Their CPU time
 is read from ``/proc`` over 10 s once every view is complete: a node waiting
 for a core is not charged for the wait, so a busy machine does not inflate it.
 The bound, 5 % of a core per node, is generous on purpose (``p2pinfer bench
-idle`` measures about a tenth of it here, and 21 % before issue 14); the
-figures themselves live in the benchmark, not here.
+idle`` measures 1.5 % at 8 nodes here, and at least 8 % before issue 14,
+docs/results.md "Idle cost of a node"); the figures themselves live in the
+benchmark, not here.
 """
 
 from __future__ import annotations
