@@ -15,7 +15,9 @@ from .simulate import _progress_bar, sim_app
 
 
 def experiment(
-    name: str = typer.Argument(..., help="latency, latency-fast, skew, specialisation, hotspot, load, ablations or scale."),
+    name: str = typer.Argument(
+        ..., help="cost-vs-paper, latency, latency-fast, skew, specialisation, hotspot, load, ablations or scale."
+    ),
     out: Path = typer.Option(Path("docs/results"), help="Folder for the JSON and PNG outputs."),
     seeds: Optional[int] = typer.Option(None, min=1, help="Seeds per point (default: the experiment's own)."),
     requests: Optional[int] = typer.Option(None, min=100, help="Requests per run (default: the experiment's own)."),
@@ -23,6 +25,7 @@ def experiment(
     as_json: bool = typer.Option(False, "--json", help="Print the experiment's JSON."),
 ) -> None:
     """Run one experiment of issue 6 and write <out>/<name>.json and <name>.png."""
+    from ..lab.provenance import with_provenance
     from ..lab.sim_experiments import EXPERIMENTS
 
     if name not in EXPERIMENTS:
@@ -42,19 +45,44 @@ def experiment(
 
         kwargs["progress"] = progress
     try:
-        data = EXPERIMENTS[name](out, **kwargs)
+        data = with_provenance(EXPERIMENTS[name](out, **kwargs))
     finally:
         if bar is not None:
             bar.stop()
+    guard_failed = name == "cost-vs-paper" and not data["targets"]["cost_never_loses_to_paper"]["met"]
     if as_json:
         typer.echo(json.dumps(data))
-        return
-    from rich.console import Console
+    else:
+        from rich.console import Console
 
-    console = Console()
-    console.print(f"wrote {data['files']['json']} and {data['files']['png']}")
-    for key, target in data.get("targets", {}).items():
-        console.print(f"target {key}: {'met' if target['met'] else 'MISSED'} - {target['target']}")
+        console = Console()
+        if name == "cost-vs-paper":
+            console.print(_guard_table(data))
+        console.print("wrote " + " and ".join(data["files"].values()))
+        for key, target in data.get("targets", {}).items():
+            console.print(f"target {key}: {'met' if target['met'] else 'MISSED'} - {target['target']}")
+    if guard_failed:
+        typer.secho("cost lost to paper beyond noise in a cell (table above): the regression guard fails",
+                    err=True, fg="red")
+        raise typer.Exit(1)
+
+
+def _guard_table(data: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="cost vs paper (simulator, mean TTFT ms, paired over seeds)")
+    for col in ("nodes", "machines", "ms/hop", "in flight", "cost", "paper", "oracle", "cost/paper",
+                "cost/oracle", "diff ± se", "verdict"):
+        table.add_column(col, justify="right")
+    for s in data["summary"]:
+        table.add_row(
+            str(s["nodes"]), s["machines"], f"{s['one_way_ms']:g}", str(s["concurrency"]),
+            f"{s['cost_ttft_ms_mean']:.0f}", f"{s['paper_ttft_ms_mean']:.0f}", f"{s['oracle_ttft_ms_mean']:.0f}",
+            f"{s['cost_over_paper']:.3f}", f"{s['cost_over_oracle']:.3f}",
+            f"{s['paired_diff_ms']:+.0f} ± {s['paired_diff_se_ms']:.0f}",
+            "ok" if s["cost_no_worse_than_paper"] else "[red]LOST[/red]",
+        )
+    return table
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

@@ -154,6 +154,7 @@ def simulate_live_run(
         "ttft_ms": result["ttft_ms"],
         "hit_rate": result["hit_rate"],
         "forwarded_share": result["forwarded_share"],
+        "load": result["load"],
         "one_way_ms": one_way_ms,
         "shared_cores": shared_cores or None,
         "concurrency": concurrency,

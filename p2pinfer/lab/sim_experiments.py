@@ -748,7 +748,14 @@ def scale(
     return data
 
 
+def _cost_vs_paper(out: Path, **kwargs: Any) -> dict[str, Any]:
+    from .cost_vs_paper import cost_vs_paper
+
+    return cost_vs_paper(out, **kwargs)
+
+
 EXPERIMENTS: dict[str, Callable[..., dict[str, Any]]] = {
+    "cost-vs-paper": _cost_vs_paper,
     "latency": latency,
     "latency-fast": latency_fast,
     "skew": skew,
