@@ -46,6 +46,9 @@ def experiment(
         kwargs["progress"] = progress
     try:
         data = with_provenance(EXPERIMENTS[name](out, **kwargs))
+        written = Path(data.get("files", {}).get("json", ""))
+        if written.is_file():  # the file carries the command and commit too
+            written.write_text(json.dumps({k: v for k, v in data.items() if k != "files"}, indent=1) + "\n")
     finally:
         if bar is not None:
             bar.stop()
