@@ -46,6 +46,7 @@ COMMAND_MODULES = [
     "p2pinfer.cli.doctor_cmd",
     "p2pinfer.cli.bench_repack",
     "p2pinfer.cli.bench_idle",
+    "p2pinfer.cli.lab_reproduce",
 ]
 
 
