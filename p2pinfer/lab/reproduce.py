@@ -67,7 +67,7 @@ def _sim(name: str, minutes: float, *extra: str, quick: bool = False, json_name:
 
 PUBLISHED: tuple[Published, ...] = (
     _sim("cost-vs-paper-quick", 3.0, "--quick", quick=True),
-    _sim("cost-vs-paper", 45.0),
+    _sim("cost-vs-paper", 20.0),
     _replay("swarm-1ms-run4"),
     _replay("swarm-1ms-run5"),
     _replay("swarm-50ms"),
