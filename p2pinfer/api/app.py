@@ -26,7 +26,9 @@ from starlette.routing import Route
 
 from ..engines.base import EngineError, EngineOverloadedError, InvalidRequestError, PromptTooLongError, TokenChunk
 from .auth import ApiKeys, AuthMiddleware
+from .dashboard import dashboard_routes
 from .metrics import NodeMetrics
+from .sessions import DashboardSessions
 from .openai_schema import (
     MAX_BODY_BYTES,
     ApiError,
@@ -156,8 +158,8 @@ def create_app(
 ) -> Starlette:
     """``spawn(fn, *args)`` starts a task in a nursery that outlives requests.
 
-    With ``keys``, every route needs ``Authorization: Bearer <key>`` except
-    the keys' open routes (:mod:`.auth`)."""
+    With ``keys``, every route needs ``Authorization: Bearer <key>`` (or the
+    dashboard's session cookie) except the keys' open routes (:mod:`.auth`)."""
     limits = limits or ApiLimits()
     metrics = metrics or NodeMetrics(lambda: metrics_snapshot(node))
     model_id = node.engine.model_name
@@ -286,8 +288,10 @@ def create_app(
         return JSONResponse(error_body(f"{request.method} is not allowed on {request.url.path}",
                                        "invalid_request_error", code="method_not_allowed"), status_code=405)
 
+    sessions = DashboardSessions() if keys is not None and keys.enabled else None
     app = Starlette(
         routes=[
+            *dashboard_routes(node, spawn, keys, sessions),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
@@ -296,7 +300,7 @@ def create_app(
             Route("/health", health, methods=["GET"]),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed},
-        middleware=[Middleware(AuthMiddleware, keys=keys)] if keys is not None and keys.enabled else [],
+        middleware=[Middleware(AuthMiddleware, keys=keys, sessions=sessions)] if sessions is not None else [],
     )
     app.state.metrics = metrics
     app.state.limits = limits

@@ -8,6 +8,10 @@ API is open, which is only allowed on a loopback address unless the
 operator says so explicitly (:func:`check_exposure`): anyone who can reach
 the port would otherwise use the node's GPU and read its ``/status``.
 
+The dashboard's page and its login route are always open (they hold no
+data); the rest of it, and every other route, also accepts the session
+cookie that ``/dashboard/login`` hands out for a valid key (:mod:`.sessions`).
+
 A forwarded request is authorised at its entry node; peers authenticate
 each other through libp2p (Noise, peer ids), not with these keys.
 """
@@ -22,7 +26,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ApiKeys", "AuthMiddleware", "ExposureError", "check_exposure", "load_key_file"]
+from .sessions import COOKIE_NAME, CSRF_HEADER, DashboardSessions
+
+__all__ = ["ALWAYS_OPEN", "ApiKeys", "AuthMiddleware", "ExposureError", "check_exposure", "load_key_file"]
+
+ALWAYS_OPEN = ("/dashboard", "/dashboard/static/", "/dashboard/login", "/dashboard/logout", "/dashboard/session")
+"""Paths open even with keys: the dashboard's page, its files and its login (no data in them)."""
 
 
 class ExposureError(ValueError):
@@ -101,21 +110,43 @@ def _unauthorised(message: str, code: str) -> tuple[bytes, list[tuple[bytes, byt
 class AuthMiddleware:
     """ASGI middleware (not starlette's BaseHTTPMiddleware, which buffers streams)."""
 
-    def __init__(self, app: Any, keys: ApiKeys) -> None:
+    def __init__(self, app: Any, keys: ApiKeys, sessions: DashboardSessions | None = None) -> None:
         self.app = app
         self.keys = keys
+        self.sessions = sessions
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not self.keys.enabled or self.keys.is_open(scope.get("path", "")):
+        path = scope.get("path", "")
+        if (scope["type"] != "http" or not self.keys.enabled or self.keys.is_open(path)
+                or any(path == p or (p.endswith("/") and path.startswith(p)) for p in ALWAYS_OPEN)):
             await self.app(scope, receive, send)
             return
         header = b""
+        csrf = False
+        cookie = ""
         for name, value in scope.get("headers", []):
             if name == b"authorization":
                 header = value
-                break
+            elif name == b"cookie":
+                cookie = session_cookie(value.decode("latin-1")) or cookie
+            elif name == CSRF_HEADER.encode():
+                csrf = True
+        if not header and cookie and self.sessions is not None and self.sessions.valid(cookie):
+            if scope.get("method", "GET") in ("GET", "HEAD") or csrf:
+                await self.app(scope, receive, send)
+                return
+            body, headers = _unauthorised(
+                f"A request authorised by the dashboard's session cookie must carry the {CSRF_HEADER} header.",
+                "missing_csrf_header",
+            )
+            await send({"type": "http.response.start", "status": 403, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
         scheme, _, token = header.decode("latin-1").partition(" ")
-        if not header:
+        if not header and cookie:
+            body, headers = _unauthorised("The dashboard session has expired or is unknown: log in again.",
+                                          "invalid_session")
+        elif not header:
             body, headers = _unauthorised(
                 "You didn't provide an API key. Send it in an Authorization header using Bearer auth "
                 "(Authorization: Bearer YOUR_KEY; OpenAI clients do that with api_key=...).",
@@ -130,3 +161,12 @@ class AuthMiddleware:
             return
         await send({"type": "http.response.start", "status": 401, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def session_cookie(header: str) -> str | None:
+    """The dashboard session token in a ``Cookie`` header, if any."""
+    for part in header.split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == COOKIE_NAME and value:
+            return value
+    return None

@@ -205,10 +205,13 @@ class LocalSwarm:
         if dead:
             raise SwarmError("\n".join(n.death_report() for n in dead))
 
-    def wait_connected(self, timeout_s: float = 60.0) -> None:
-        """Until every node sees every other node as eligible (same model, digest heard)."""
+    def wait_connected(self, timeout_s: float = 60.0, api_key: str | None = None) -> None:
+        """Until every node sees every other node as eligible (same model, digest heard).
+
+        ``api_key``: the nodes' key, when they were started with one."""
         deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=5.0) as client:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        with httpx.Client(timeout=5.0, headers=headers) as client:
             while True:
                 counts = []
                 for node in self.nodes:

@@ -43,6 +43,7 @@ from ..net.forward import DeadlineExceeded, ForwardClient, ForwardFailed
 from ..net.other_models import OtherModels
 from ..net.sanctions import PeerSanctions
 from ..net.wire import Done, RemoteError, encode_request, fingerprint_in_message
+from .decisions import DecisionLog, PrefixGroups, prompt_label
 from .results import GenerateResult, NodeError, Prompt, RequestFailed
 
 __all__ = ["NodeServing"]
@@ -61,6 +62,8 @@ class NodeServing:
     other_models: OtherModels
     sanctions: PeerSanctions
     peer_id: str
+    decisions: DecisionLog
+    prefix_groups: PrefixGroups
     _nursery: trio.Nursery | None
 
     def tokens_for(self, prompt: Prompt) -> list[int]:
@@ -118,6 +121,8 @@ class NodeServing:
                 continue
             if isinstance(action, Fail):
                 self.counters.requests_failed += 1
+                self._log_decision(tokens, hashes, decision, life.attempts, outcome="deadline" if action.reason == "deadline" else "failed",
+                                   total_s=time.perf_counter() - t0, reason=action.message)
                 if action.reason == "deadline":
                     raise DeadlineExceeded(action.message)
                 raise RequestFailed(action.message, life.attempts)
@@ -189,6 +194,10 @@ class NodeServing:
             )
         if prefer:
             reason = f"preferred {prefer[:12]}; " + reason
+        self._log_decision(tokens, hashes, decision, attempts, outcome="ok", total_s=total, reason=reason,
+                           target=served.target, local=served.local, predicted=served.predicted_reused_tokens,
+                           reused=record.reused_tokens, generated=len(out), ttft_s=ttft if ttft is not None else total,
+                           request_id=request_id.hex())
         yield GenerateResult(
             request_id=request_id.hex(),
             served_by=served.target,
@@ -217,6 +226,42 @@ class NodeServing:
                 if isinstance(item, GenerateResult):
                     return item
         raise NodeError("generation ended without a result")  # pragma: no cover
+
+    def _log_decision(self, tokens: list[int], hashes: Sequence[int], decision: Decision, attempts: Sequence[Any], *,
+                      outcome: str, total_s: float, reason: str, target: str | None = None, local: bool = False,
+                      predicted: int = 0, reused: int = 0, generated: int = 0, ttft_s: float | None = None,
+                      request_id: str = "") -> None:
+        """One line of the dashboard's routing feed (:mod:`.decisions`); never fails the request."""
+        try:
+            group = None
+            if target is not None:
+                group = self.prefix_groups.note(tokens, hashes, target, reused, self._group_label, time.time())
+            self.decisions.append({
+                "request_id": request_id,
+                "entry": self.peer_id,
+                "target": target,
+                "local": local,
+                "outcome": outcome,
+                "policy": decision.policy,
+                "reason": reason,
+                "predicted_reused_tokens": predicted,
+                "reused_tokens": reused,
+                "prompt_tokens": len(tokens),
+                "generated_tokens": generated,
+                "ttft_ms": None if ttft_s is None else round(ttft_s * 1000, 3),
+                "total_ms": round(total_s * 1000, 3),
+                "attempts": [f"{a.target[:16]} {a.outcome}" for a in attempts],
+                "group": group.key if group else None,
+                "group_label": group.label if group else None,
+            })
+        except Exception:  # bookkeeping for a page must never break serving
+            log.exception("could not log a routing decision")
+
+    def _group_label(self, head: Sequence[int]) -> str:
+        try:
+            return prompt_label(self.engine.detokenize(head))
+        except Exception:  # noqa: BLE001 - a label is cosmetic
+            return f"{len(head)} tokens"
 
     def new_attempts(
         self, decision: Decision, tokens: list[int], hashes: Sequence[int], max_tokens: int, prefer: str | None = None

@@ -54,6 +54,7 @@ class NodeStatus:
                     "digest_age_s": state.digest_age(now),
                     "cached_blocks": len(state.hashes),
                     "queued_prefill_tokens": state.load.queued_prefill_tokens,
+                    "active_requests": state.load.active_requests,
                     "last_seen_s": round(now - state.last_seen, 3),
                     "connected": state.peer_id in self.membership.connected(),
                 }

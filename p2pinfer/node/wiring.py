@@ -25,6 +25,7 @@ from ..net.counters import NodeCounters
 from ..net.forward import GENERATE_PROTOCOL, DeadlineExceeded, ForwardClient, ForwardServer
 from ..net.other_models import OtherModels
 from ..net.sanctions import PeerSanctions
+from .decisions import DecisionLog, PrefixGroups
 from .results import GenerateResult, NodeError, RequestFailed
 from .serving import NodeServing
 from .status import NodeStatus
@@ -51,6 +52,8 @@ class Node(NodeServing, NodeStatus):
         self._given_engine = engine
         self._router_factory = router_factory
         self.counters = NodeCounters()
+        self.decisions = DecisionLog()
+        """Recent requests that entered here and where they went (the dashboard's routing feed)."""
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
         self._started = False
@@ -102,6 +105,7 @@ class Node(NodeServing, NodeStatus):
             config=config.router,
             secret=config.swarm_secret,
         )
+        self.prefix_groups = PrefixGroups(self.router.hasher.block_size)
         self._build_services(key_pair)
         await self._run_services(stack)
         self.started_at = time.monotonic()
