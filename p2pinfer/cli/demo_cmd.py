@@ -54,11 +54,21 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         out: Path = typer.Option(Path("p2pinfer-demo.png"), help="Where to write the plot."),
         model: Optional[str] = typer.Option(None, help="GGUF file (default: SmolLM2-135M-Instruct)."),
         seed: int = typer.Option(1),
+        keep: bool = typer.Option(
+            False, "--keep", help="Keep the last swarm (cost's, when cost is compared) running at the end for its dashboards, until Ctrl-C."),
     ) -> None:
-        """A 4-node swarm on the default model answers an MMLU workload under each policy."""
+        """A 4-node swarm on the default model answers an MMLU workload under each policy.
+
+        Each swarm's dashboard address is printed while it runs."""
+        import time
+
         from rich.console import Console
 
+        from ..lab.local_swarm import SwarmError
+
         chosen = parse_policies(policies)
+        # The kept swarm is the last one run: cost goes last, so that nothing else runs beside it.
+        order = tuple(p for p in chosen if p != "cost") + (("cost",) if "cost" in chosen else ()) if keep else chosen
         console = Console()
         console.print(
             f"[bold]p2pinfer demo[/]: {nodes} llama.cpp nodes on this machine, {requests} MMLU five-shot requests "
@@ -67,10 +77,34 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         # Like the paper's setting: the subjects fit the swarm's caches together, not one node's.
         budget = default_cache_budget(subjects, nodes)
         console.print(f"cache budget: {budget_note(subjects, nodes, budget)}")
-        result = run_or_exit(
-            policies=chosen, nodes=nodes, requests=requests, concurrency=concurrency, subjects=subjects,
-            max_tokens=1, cache_tokens=budget, threads=1, seed=seed, engine="llama-cpp", model=model, quiet=False,
-        )
+        kept: list[Any] = []
+        try:
+            result = run_or_exit(
+                policies=order, nodes=nodes, requests=requests, concurrency=concurrency, subjects=subjects,
+                max_tokens=1, cache_tokens=budget, threads=1, seed=seed, engine="llama-cpp", model=model, quiet=False,
+                show_dashboard=True, kept=kept if keep else None,
+            )
+            result["policies"].sort(key=lambda s: chosen.index(s["policy"]))
+            _report(console, result, nodes, out)
+            for swarm in kept:
+                console.print(f"[bold]the {order[-1]} swarm is still running[/]; its dashboards:")
+                for node in swarm.nodes:
+                    console.print(f"  node {node.index}  {node.http}/dashboard")
+                console.print("Ctrl-C to stop it.")
+                try:
+                    while True:
+                        time.sleep(1.0)
+                        swarm.check_alive()
+                except KeyboardInterrupt:
+                    console.print("stopping the swarm")
+                except SwarmError as exc:
+                    typer.secho(f"error: {exc}", err=True, fg="red")
+                    raise typer.Exit(1) from None
+        finally:
+            for swarm in kept:
+                swarm.__exit__(None, None, None)
+
+    def _report(console: Any, result: dict[str, Any], nodes: int, out: Path) -> None:
         console.print(policy_table(result["policies"], "time to first token per routing policy"))
         plot = plot_policies(result["policies"], out, f"p2pinfer demo: {nodes} nodes, MMLU five-shot")
         by = {s["policy"]: s for s in result["policies"]}

@@ -47,6 +47,7 @@ COMMAND_MODULES = [
     "p2pinfer.cli.bench_repack",
     "p2pinfer.cli.bench_idle",
     "p2pinfer.cli.lab_reproduce",
+    "p2pinfer.cli.lab_dashboard",
 ]
 
 

@@ -68,6 +68,8 @@ class PolicyRun:
     """Every node's smoothed RTT to each peer at the end of the run (libp2p ping)."""
     prefill_ms_per_token: list[float] = field(default_factory=list)
     """Every node's own estimate of its prefill speed at the end of the run."""
+    kept_swarm: LocalSwarm | None = None
+    """The swarm, still running, when :func:`run_policy` was asked to keep it."""
 
 
 async def _one(client: httpx.AsyncClient, url: str, req: LiveRequest, run_t0: float) -> RequestOutcome:
@@ -146,13 +148,22 @@ def run_policy(
     hosts: Sequence[str] | None = None,
     start_timeout_s: float = 180.0,
     link_delay_ms: float | None = None,
+    on_start: Callable[[LocalSwarm], None] | None = None,
+    keep: bool = False,
 ) -> PolicyRun:
-    """Fresh swarm, the workload, then stop: one policy, every cache cold."""
+    """Fresh swarm, the workload, then stop: one policy, every cache cold.
+
+    ``on_start(swarm)`` runs once the swarm is connected, before the workload
+    (the demo prints the dashboard's address); with ``keep`` the swarm is not
+    stopped but handed back as ``run.kept_swarm`` (the caller stops it)."""
     swarm = LocalSwarm(nodes, engine=engine, policy=policy, node_args=node_args, wrap=wrap,
                        host=hosts if hosts else "127.0.0.1", start_timeout_s=start_timeout_s,  # type: ignore[arg-type]
                        link_delay_ms=link_delay_ms)
-    with swarm:
+    swarm.__enter__()
+    try:
         swarm.wait_connected(timeout_s=120.0)
+        if on_start is not None:
+            on_start(swarm)
         urls = [n.http for n in swarm.nodes]
         t0 = time.perf_counter()
         outcomes = trio.run(drive, urls, requests, concurrency, progress)
@@ -168,6 +179,13 @@ def run_policy(
                     continue
                 run.peer_rtt_ms += [p["rtt_ms"] for p in peers if p.get("rtt_ms") is not None]
                 run.prefill_ms_per_token.append(speed)
+    except BaseException:
+        swarm.__exit__(None, None, None)
+        raise
+    if keep:
+        run.kept_swarm = swarm
+    else:
+        swarm.__exit__(None, None, None)
     return run
 
 

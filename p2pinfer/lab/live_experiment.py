@@ -83,7 +83,12 @@ def run_live_experiment(
     netem: Any = None,
     link_delay_ms: float | None = None,
     simulate: bool = False,
+    show_dashboard: bool = False,
+    kept: list[Any] | None = None,
 ) -> dict[str, Any]:
+    """Each policy on a fresh swarm. ``show_dashboard``: print node 0's
+    dashboard address as each swarm starts; ``kept``: the last policy's swarm
+    is left running and appended to it (the caller stops it)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -111,8 +116,16 @@ def run_live_experiment(
             def tick(_: Any, task: Any = task, policy: str = policy) -> None:
                 progress.update(task, advance=1, description=f"{policy:>13}: requests")
 
+            def started(swarm: Any, policy: str = policy) -> None:
+                if show_dashboard:
+                    progress.console.print(f"{policy:>13}: watch it live at {swarm.nodes[0].http}/dashboard")
+
+            keep = kept is not None and policy == policies[-1]
             run = run_policy(policy, nodes, reqs, concurrency=concurrency, node_args=node_args, engine=engine,
-                             progress=tick, wrap=wrap, hosts=hosts, link_delay_ms=link_delay_ms)
+                             progress=tick, wrap=wrap, hosts=hosts, link_delay_ms=link_delay_ms, on_start=started,
+                             keep=keep)
+            if keep and kept is not None:
+                kept.append(run.kept_swarm)
             summary = summarise(run)
             summary["outcomes"] = outcomes_json(run)
             if simulate and cache_tokens is not None:

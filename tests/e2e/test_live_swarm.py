@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -84,3 +86,35 @@ def test_demo_command_prints_table_and_writes_plot(tmp_path: Path) -> None:
     assert "cost" in out.stdout and "random" in out.stdout
     assert str(plot.resolve()) in out.stdout.replace("\n", "")
     assert plot.stat().st_size > 1000
+    # While each swarm ran, the demo said where to watch it.
+    assert re.search(r"cost: watch it live at http://127\.0\.0\.1:\d+/dashboard", out.stderr), out.stderr[-2000:]
+
+
+def test_demo_keep_leaves_the_swarm_and_its_dashboards_up_until_ctrl_c(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "p2pinfer", "demo", "--nodes", "2", "--requests", "4", "--subjects", "1",
+         "--policies", "cost", "--out", str(tmp_path / "demo.png"), "--keep"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        lines: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "Ctrl-C to stop it" in line:
+                break
+        text = "".join(lines)
+        urls = re.findall(r"node \d+\s+(http://127\.0\.0\.1:\d+)/dashboard", text)
+        assert len(urls) == 2, text[-3000:]
+        for url in urls:
+            assert httpx.get(url + "/dashboard", timeout=10).status_code == 200
+            assert len(httpx.get(url + "/status", timeout=10).json()["peers"]) == 1
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+        for url in urls:
+            with pytest.raises(httpx.HTTPError):
+                httpx.get(url + "/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
