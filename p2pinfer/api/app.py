@@ -5,7 +5,8 @@ Any node accepts any request and routes it through the swarm with
 extension field with the routing facts: who served it, predicted and
 realised reused tokens, the reason, hops and the attempts. Errors use the
 OpenAI error object: 400 for a bad request, 413 for one too large, 503 with
-``Retry-After`` when the swarm is saturated, 504 past the deadline.
+``Retry-After`` when the swarm is saturated, 504 past the deadline. The
+live dashboard's routes come from :mod:`.dashboard`.
 """
 
 from __future__ import annotations

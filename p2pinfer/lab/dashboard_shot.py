@@ -8,6 +8,7 @@ question through the page's "try it" panel, and saves the whole page.
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 import time
 from typing import Any
@@ -62,12 +63,15 @@ def take_dashboard_screenshot(
             _wait(lambda: driver.execute_script("return document.getElementById('try-output').dataset.done === '1'"),
                   300, "the try-it answer")
             time.sleep(2.5)  # two more snapshots: the charts and caches after the last request
-            height = driver.execute_script("return document.documentElement.scrollHeight")
-            driver.set_window_size(width, min(int(height) + 40, 6000))
             driver.execute_script("window.scrollTo(0, 0)")
-            time.sleep(1.0)
+            height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+            # The whole page in one picture: a viewport as tall as the page, then Chromium's own capture.
+            driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                                   {"width": width, "height": min(height, 8000), "deviceScaleFactor": 1, "mobile": False})
+            time.sleep(1.5)  # the page redraws its charts at the new size with the next snapshot
+            shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
             out.parent.mkdir(parents=True, exist_ok=True)
-            driver.save_screenshot(str(out))
+            out.write_bytes(base64.b64decode(shot["data"]))
             errors = console_errors(driver)
     finally:
         driver.quit()

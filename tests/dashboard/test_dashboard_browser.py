@@ -84,6 +84,7 @@ def open_dashboard(driver: Any, url: str) -> None:
 def test_page_shows_every_peer_and_marks_this_node_without_console_errors(browser: Any, swarm: LocalSwarm) -> None:
     console_errors(browser)  # start from an empty log
     node = swarm.nodes[1]
+    assert node.info["dashboard"] == node.http + "/dashboard"  # what `p2pinfer node` reports (and prints)
     open_dashboard(browser, node.http)
     ids = {n.peer_id for n in swarm.nodes}
     until(browser, lambda d: ids <= set(graph_ids(d)), what="every peer in the graph")

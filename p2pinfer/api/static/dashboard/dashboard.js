@@ -122,7 +122,7 @@
     const n = state.node;
     if (!n) return;
     const load = n.load || {};
-    $("node-line").textContent = "node " + n.peer_id + " · " + n.model + " (" + (n.engine.name || "") + ") · policy " +
+    $("node-line").textContent = "node " + n.peer_id + " · " + n.model + " (" + (n.engine.engine || "?") + " engine) · policy " +
       n.policy + " · queued prefill " + load.queued_prefill_tokens + " tok · active " + load.active_requests +
       (load.busy ? " · BUSY" : "");
     $("chart-hint").textContent = "each point: requests entering here in the last " + state.windowS + " s";
@@ -196,9 +196,28 @@
     for (const el of body.querySelectorAll(".bar")) el.style.width = el.dataset.w + "px";
   }
 
+  // Labels that share a long opening (MMLU: "The following are multiple choice questions ... about")
+  // are shown by what differs: "… world religions."
+  function shortLabels(groups) {
+    const out = {};
+    for (const g of groups) {
+      let best = 0;
+      for (const o of groups) {
+        if (o === g) continue;
+        let i = 0;
+        while (i < g.label.length && g.label[i] === o.label[i]) i += 1;
+        best = Math.max(best, i);
+      }
+      const cut = g.label.lastIndexOf(" ", best) + 1;
+      out[g.key] = cut >= 20 && cut < g.label.length ? "… " + g.label.slice(cut) : g.label;
+    }
+    return out;
+  }
+
   function renderCaches() {
     const n = state.node;
     if (!n) return;
+    const short = shortLabels(state.groups);
     const ids = [n.peer_id, ...state.peers.map((p) => p.peer_id)];
     const cards = [];
     for (const id of ids) {
@@ -209,7 +228,7 @@
         .slice(0, 4);
       const items = held.map((x) => {
         const frac = x.g.prefix_tokens ? Math.min(1, x.tokens / x.g.prefix_tokens) : 0;
-        return '<li title="' + esc(x.g.label) + '">' + esc(x.g.label) + '<br><span class="hint">' + esc(x.tokens) +
+        return '<li title="' + esc(x.g.label) + '">' + esc(short[x.g.key]) + '<br><span class="hint">' + esc(x.tokens) +
           " of " + esc(x.g.prefix_tokens) + " tok held · " + esc(x.hits) + " hits</span>" +
           '<span class="held" data-w="' + Math.round(100 * frac) + '"></span></li>';
       });
