@@ -149,7 +149,7 @@ async def run_node(settings: NodeSettings, ready_file: str | None = None, quiet:
             auth = f"{len(keys)} API key(s)" if keys.enabled else "no API key"
             console.print(f"  HTTP    {info['http']}  (OpenAI API under /v1, /status, /metrics; {auth})")
             login = ", log in with an API key" if keys.enabled else ""
-            console.print(f"  dashboard  [bold]{info['dashboard']}[/]  (the swarm live in a browser{login})")
+            console.print(f"  dashboard [bold]{info['dashboard']}[/]  (the swarm live in a browser{login})")
             console.print(f"  engine  {node.engine.name}: {node.engine.model_name}; policy {settings.policy}")
             console.print("  Ctrl-C to stop")
         await stop_on_signal()
