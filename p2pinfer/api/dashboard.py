@@ -119,7 +119,7 @@ class DashboardHub:
         groups = node.prefix_groups.holdings(
             router.view.longest_matches, node.peer_id, lambda tokens: router.cache.match(tokens, touch=False)
         )
-        point = self.chart_point()
+        point = self.chart_point(groups)
         self.series.append(point)
         self.snapshot_no += 1
         self.snapshot = {
@@ -151,8 +151,10 @@ class DashboardHub:
                                                "gossip_published_bytes", "gossip_received_bytes") if k in c},
         }
 
-    def chart_point(self) -> dict[str, Any]:
-        """The charts' point for now: the last :data:`CHART_WINDOW_S` of requests, gossip bytes per second."""
+    def chart_point(self, groups: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The charts' point for now: the last :data:`CHART_WINDOW_S` of requests, gossip bytes per
+        second, and how many peers hold each prefix group (at least half of it): the swarm's
+        specialisation, which falls towards 1 as each group settles on one peer."""
         now = time.time()
         done = [e for e in self.node.decisions.recent(CHART_WINDOW_S, now) if e["outcome"] == "ok"]
         ttft = [e["ttft_ms"] for e in done if e["ttft_ms"] is not None]
@@ -166,6 +168,8 @@ class DashboardHub:
         if self._last_gossip is not None and now > self._last_gossip[0]:
             rate = round((gossip - self._last_gossip[1]) / (now - self._last_gossip[0]), 1)
         self._last_gossip = (now, gossip)
+        copies = [sum(1 for t in g["held_tokens"].values() if 2 * t >= g["prefix_tokens"]) for g in groups or []
+                  if g["prefix_tokens"]]
         return {
             "time": round(now, 3),
             "requests": len(done),
@@ -175,6 +179,7 @@ class DashboardHub:
             "prediction_accuracy": round(realised / predicted, 4) if predicted else None,
             "forwarded_share": round(sum(not e["local"] for e in done) / len(done), 4) if done else None,
             "gossip_bytes_per_s": rate,
+            "group_copies": round(sum(copies) / len(copies), 3) if copies else None,
         }
 
     async def stream(self) -> AsyncIterator[bytes]:

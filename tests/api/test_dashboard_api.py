@@ -106,6 +106,9 @@ async def test_the_event_stream_says_hello_with_the_decisions_then_pushes_new_on
         assert snapshot["node"]["peer_id"] == api.node.peer_id and snapshot["peers"] == []
         group = snapshot["groups"][0]
         assert group["held_tokens"][api.node.peer_id] >= group["prefix_tokens"] > 0
+        point = snapshot["point"]
+        assert point["group_copies"] == 1  # one node, holding the group
+        assert point["requests"] >= 1 and point["ttft_p50_ms"] > 0 and point["forwarded_share"] == 0
 
 
 async def test_the_page_is_sent_with_a_strict_content_security_policy(api: Api) -> None:

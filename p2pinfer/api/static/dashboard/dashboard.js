@@ -268,6 +268,8 @@
     drawChart($("chart-acc"), [{ colour: "#c28ff0", pts: pick("prediction_accuracy"), name: "accuracy" }], 1);
     drawChart($("chart-fwd"), [{ colour: "#4fb3ff", pts: pick("forwarded_share"), name: "forwarded" }], 1);
     drawChart($("chart-gossip"), [{ colour: "#c2b447", pts: pick("gossip_bytes_per_s"), name: "B/s" }], null);
+    const peers = state.peers.length + 1;
+    drawChart($("chart-copies"), [{ colour: "#47c27a", pts: pick("group_copies"), name: "copies" }], peers);
   }
 
   function drawChart(canvas, lines, fixedMax) {
@@ -292,7 +294,7 @@
     ctx.stroke();
     for (const f of [0, 0.5, 1]) {
       const v = vmax * f;
-      ctx.fillText(fixedMax ? v.toFixed(1) : v >= 1000 ? (v / 1000).toFixed(1) + "k" : v.toFixed(0), 2, Y(v) + 3);
+      ctx.fillText(fixedMax ? (fixedMax > 1 ? v.toFixed(0) : v.toFixed(1)) : v >= 1000 ? (v / 1000).toFixed(1) + "k" : v.toFixed(0), 2, Y(v) + 3);
     }
     ctx.fillText(Math.round(t1 - t0) + " s", w - 40, h - 2);
     lines.forEach((l, i) => {
