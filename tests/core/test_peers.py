@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Set as AbstractSet
+from typing import Any
+
 from p2pinfer.core import BlockHasher, Digest, Load, ModelFingerprint, PeerView
 
 FP = ModelFingerprint("m", "t", "c")
@@ -79,8 +82,33 @@ def test_cheapest_peers_skip_busy_and_other_models() -> None:
     assert [p.peer_id for p in view.cheapest_peers(1, now=11.0)] == ["p1"]
 
 
+class _CountingIndex(Mapping[int, AbstractSet[str]]):
+    """A view's hash -> holders index that counts the work a query does on it."""
+
+    def __init__(self, inner: Mapping[int, AbstractSet[str]]) -> None:
+        self.inner = inner
+        self.lookups = 0
+        self.holders_seen = 0
+
+    def __getitem__(self, key: int) -> AbstractSet[str]:
+        return self.inner[key]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.inner)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def get(self, key: int, default: Any = None) -> Any:
+        self.lookups += 1
+        holders = self.inner.get(key, default)
+        self.holders_seen += len(holders or ())
+        return holders
+
+
 def test_index_cost_does_not_depend_on_view_size() -> None:
-    # Counting, not timing: a query touches only peers that match.
+    # Counting, not timing: the index lookups a query makes and the holders it
+    # touches are the same with 4 bystanders in the view as with 2,000.
     small, large = PeerView(FP.hex(), "me"), PeerView(FP.hex(), "me")
     prompt = H.hashes(list(range(16 * 8)))
     for view, n in ((small, 4), (large, 2000)):
@@ -88,3 +116,9 @@ def test_index_cost_does_not_depend_on_view_size() -> None:
             view.apply_digest(full(f"p{i}", [i + 10_000_000], 1), 0.0)
         view.apply_digest(full("holder", prompt, 1), 0.0)
     assert small.longest_matches(prompt) == large.longest_matches(prompt) == {"holder": 8}
+    work = []
+    for view in (small, large):
+        index = view._index = _CountingIndex(view._index)  # what longest_matches queries
+        assert view.longest_matches(prompt) == {"holder": 8}
+        work.append((index.lookups, index.holders_seen))
+    assert work[0] == work[1] == (8, 8)  # one lookup per block, one holder each
