@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 import json
+from pathlib import Path
 import subprocess
-import sys
+import sysconfig
 
 from typer.testing import CliRunner
 
@@ -20,10 +22,12 @@ def test_version_and_help() -> None:
 
 
 def test_console_script_is_installed() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", "from p2pinfer.cli.main import run; run()", "--version"],
-        capture_output=True, text=True, check=True,
-    )
+    # The `p2pinfer` script pip wrote for [project.scripts], run as a user runs it.
+    (entry,) = [e for e in entry_points(group="console_scripts") if e.name == "p2pinfer"]
+    assert entry.value == "p2pinfer.cli.main:run"
+    script = Path(sysconfig.get_path("scripts")) / "p2pinfer"
+    assert script.is_file(), f"no console script at {script}"
+    out = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == f"p2pinfer {p2pinfer.__version__}"
 
 
