@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import trio
+import trio.testing
 
 from p2pinfer.core.costmodel import EngineCostModel
 from p2pinfer.engines.base import GenerationParams, GenerationRecord
 from p2pinfer.engines.simulated import SimulatedEngine
 
 
-async def test_load_counts_the_request_in_prefill_and_the_ones_waiting() -> None:
+async def test_load_counts_the_request_in_prefill_and_the_ones_waiting(autojump_clock: trio.testing.MockClock) -> None:
+    # On trio's autojump clock the engine's modelled prefill (a trio.sleep) and
+    # the test's own sleeps share one virtual time: "50 ms into a 200 ms
+    # prefill" holds however slow or fast the machine is.
     engine = SimulatedEngine(cost=EngineCostModel(prefill_ms_per_token=2.0))
     first, second = list(range(1, 101)), list(range(1, 51)) + list(range(500, 530))
     records: list[GenerationRecord] = []
