@@ -213,7 +213,8 @@ async def test_cancelling_a_prefill_stops_at_the_next_batch_and_frees_the_engine
     async with trio.open_nursery() as nursery:
         nursery.start_soon(consume)
         while engine.batches_evaluated == before:
-            await trio.sleep(0.01)
+            await trio.sleep(0)  # every scheduler round: no sleep of ours sets the window
+        at_cancel = engine.batches_evaluated - before
         scope.cancel()
     assert scope.cancelled_caught
     # freed at once on the event loop's side
@@ -222,7 +223,10 @@ async def test_cancelling_a_prefill_stops_at_the_next_batch_and_frees_the_engine
     short = engine.tokenize("Paris is the capital of")
     _, _, rec = await _run(engine, short, max_tokens=1)  # one batch, no decode step
     cancelled_batches = engine.batches_evaluated - before - 1
-    assert 1 <= cancelled_batches <= 2 < batches
+    # At most the batch that was running when it was cancelled ends after it,
+    # however long a batch takes on this machine.
+    assert at_cancel <= cancelled_batches <= at_cancel + 1
+    assert cancelled_batches < batches
     assert rec.finish_reason == "length"
     assert engine.cache.match(long, touch=False) == 0, "a cancelled prompt is not cached"
 
