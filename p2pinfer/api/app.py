@@ -11,7 +11,7 @@ live dashboard's routes come from :mod:`.dashboard`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 import json
 import logging
@@ -25,7 +25,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..engines.base import EngineError, EngineOverloadedError, InvalidRequestError, PromptTooLongError, TokenChunk
+from ..engines.base import EngineError, EngineOverloadedError, InvalidRequestError, PromptTooLongError, TokenChunk, TokenLogprob
 from .auth import ApiKeys, AuthMiddleware
 from .dashboard import dashboard_routes
 from .metrics import NodeMetrics
@@ -42,6 +42,7 @@ from .openai_schema import (
     parse_completion,
     parse_json_body,
 )
+from .structured import ToolCall, parse_tool_call
 
 if TYPE_CHECKING:
     from ..node import GenerateResult, Node
@@ -97,10 +98,13 @@ def _error_response(err: ApiError) -> JSONResponse:
 
 def _translate(exc: BaseException, limits: ApiLimits) -> ApiError:
     """Map what the node raised to the HTTP answer."""
-    from ..node import DeadlineExceeded, RequestFailed
+    from ..node import DeadlineExceeded, ModelUnavailable, RequestFailed
 
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, ModelUnavailable):
+        return ApiError(503, str(exc), type="server_error", param="model", code="model_unavailable",
+                        retry_after_s=limits.retry_after_s)
     if isinstance(exc, PromptTooLongError):
         return ApiError(413, str(exc), code="context_length_exceeded", param="prompt")
     if isinstance(exc, InvalidRequestError):
@@ -163,7 +167,6 @@ def create_app(
     dashboard's session cookie) except the keys' open routes (:mod:`.auth`)."""
     limits = limits or ApiLimits()
     metrics = metrics or NodeMetrics(lambda: metrics_snapshot(node))
-    model_id = node.engine.model_name
 
     async def read_body(request: Request) -> dict[str, Any]:
         declared = request.headers.get("content-length")
@@ -179,17 +182,23 @@ def create_app(
             raise ApiError(400, "client disconnected while sending the body") from None
         return parse_json_body(bytes(raw))
 
-    def check_model(model: str | None) -> None:
-        if model is not None and model not in (model_id, "default", ""):
-            raise ApiError(404, f"model {model!r} is not served by this swarm (it serves {model_id!r})",
+    def resolve_model(model: str | None) -> str:
+        """The fingerprint the request's ``model`` names (alias or fingerprint); 404 if the swarm has none."""
+        if model in (None, "", "default"):
+            return node.router.fingerprint_hex
+        found = node.swarm_models.resolve(model, time.monotonic())
+        if found is None:
+            served = ", ".join(repr(m.alias) for m in node.swarm_models.models(time.monotonic()))
+            raise ApiError(404, f"model {model!r} is not served by this swarm (it serves {served})",
                            param="model", code="model_not_found")
+        return found
 
     def admit() -> None:
         if limits.active >= limits.max_concurrent:
             raise ApiError(503, f"this node has {limits.active} requests in flight (limit {limits.max_concurrent})",
                            type="server_error", code="overloaded", retry_after_s=limits.retry_after_s)
 
-    async def run(prompt: Any, req: CompletionRequest | ChatRequest, channel: trio.MemorySendChannel[Any],
+    async def run(prompt: Any, req: CompletionRequest | ChatRequest, model: str, channel: trio.MemorySendChannel[Any],
                   scope: trio.CancelScope) -> None:
         """Producer task: drives the node's stream into ``channel``.
 
@@ -202,7 +211,7 @@ def create_app(
         outcome = "error"
         try:
             with scope:
-                async with aclosing(node.generate(prompt, req.params)) as items:
+                async with aclosing(node.generate(prompt, req.params, model=model)) as items:
                     async for item in items:
                         if not isinstance(item, TokenChunk):
                             outcome = "ok"
@@ -230,20 +239,24 @@ def create_app(
             if outcome != "ok":
                 metrics.observe(outcome=outcome)
 
-    async def start(prompt: Any, req: CompletionRequest | ChatRequest) -> _Stream:
+    async def start(prompt: Any, req: CompletionRequest | ChatRequest, model: str) -> _Stream:
         send, recv = trio.open_memory_channel[Any](64)
         scope = trio.CancelScope()
-        spawn(run, prompt, req, send, scope)
+        spawn(run, prompt, req, model, send, scope)
         return _Stream(recv, scope)
 
     async def respond(request: Request, kind: str) -> Response:
         try:
             body = await read_body(request)
             req: CompletionRequest | ChatRequest = parse_completion(body) if kind == "text" else parse_chat(body)
-            check_model(req.model)
+            model = resolve_model(req.model)
             admit()
             prompt: Any = req.prompt if isinstance(req, CompletionRequest) else list(req.messages)
-            stream = await start(prompt, req)
+            if isinstance(req, ChatRequest) and req.tools is not None and req.tools.choice != "none":
+                from ..node import ToolPrompt
+
+                prompt = ToolPrompt(prompt, req.tools.tools)  # the template (or an instruction) shows them
+            stream = await start(prompt, req, model)
             try:
                 first = await stream.next()
             except BaseException:
@@ -251,13 +264,14 @@ def create_app(
                 raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error
             return _error_response(_translate(exc, limits))
+        name = node.swarm_models.alias_of(model)
         if req.stream:
             return StreamingResponse(
-                _sse(stream, first, kind, model_id, limits),
+                _sse(stream, first, kind, name, limits, req),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        return await _whole(stream, first, kind, model_id, limits)
+        return await _whole(stream, first, kind, name, limits, req)
 
     async def completions(request: Request) -> Response:
         return await respond(request, "text")
@@ -266,11 +280,14 @@ def create_app(
         return await respond(request, "chat")
 
     async def models(request: Request) -> Response:
-        return JSONResponse({
-            "object": "list",
-            "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "p2pinfer",
-                      "p2pinfer": {"fingerprint": node.router.fingerprint_hex, "engine": node.engine.name}}],
-        })
+        """Every model the swarm serves now, with how many nodes serve it (this one included)."""
+        data = []
+        for m in node.swarm_models.models(time.monotonic()):
+            facts: dict[str, Any] = {"fingerprint": m.fingerprint, "nodes": m.nodes, "served_here": m.served_here}
+            if m.served_here:
+                facts["engine"] = node.engine.name
+            data.append({"id": m.alias, "object": "model", "created": 0, "owned_by": "p2pinfer", "p2pinfer": facts})
+        return JSONResponse({"object": "list", "data": data})
 
     async def status(request: Request) -> Response:
         return JSONResponse(node.status())
@@ -318,7 +335,47 @@ def _outcome_label(exc_name: str) -> str:
     }.get(exc_name, "error")
 
 
-async def _whole(stream: _Stream, first: Any, kind: str, model_id: str, limits: ApiLimits) -> Response:
+def _piece_text(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="replace")
+
+
+def _chat_logprobs(items: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """OpenAI's chat ``logprobs``: one entry per generated token."""
+    return {
+        "content": [
+            {
+                "token": _piece_text(lp.piece), "logprob": lp.logprob, "bytes": list(lp.piece),
+                "top_logprobs": [{"token": _piece_text(b), "logprob": v, "bytes": list(b)} for _, b, v in lp.top],
+            }
+            for lp in items
+        ],
+        "refusal": None,
+    }
+
+
+def _completion_logprobs(items: Sequence[TokenLogprob], offset: int, top: bool) -> dict[str, Any]:
+    """OpenAI's (legacy) completions ``logprobs``; ``offset``: characters of text before these tokens."""
+    tokens = [_piece_text(lp.piece) for lp in items]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in items],
+        "top_logprobs": [{_piece_text(b): v for _, b, v in lp.top} for lp in items] if top else None,
+        "text_offset": offsets,
+    }
+
+
+def _finish_and_calls(result: GenerateResult, req: CompletionRequest | ChatRequest) -> tuple[str, ToolCall | None]:
+    tools = getattr(req, "tools", None)
+    call = parse_tool_call(result.text, tools) if tools is not None else None
+    return ("tool_calls", call) if call is not None else (result.finish_reason, None)
+
+
+async def _whole(stream: _Stream, first: Any, kind: str, model_id: str, limits: ApiLimits,
+                 req: CompletionRequest | ChatRequest) -> Response:
     from ..node import GenerateResult
 
     item = first
@@ -331,63 +388,99 @@ async def _whole(stream: _Stream, first: Any, kind: str, model_id: str, limits: 
         await stream.aclose()
     result: GenerateResult = item
     created = now_s()
+    params = req.params
     if kind == "text":
+        logprobs = _completion_logprobs(result.logprobs, 0, params.top_logprobs > 0) if params.logprobs else None
         body: dict[str, Any] = {
             "id": new_id("cmpl"), "object": "text_completion", "created": created, "model": model_id,
-            "choices": [{"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}],
+            "choices": [{"index": 0, "text": result.text, "logprobs": logprobs, "finish_reason": result.finish_reason}],
         }
     else:
+        finish, call = _finish_and_calls(result, req)
+        message: dict[str, Any] = {"role": "assistant", "content": result.text}
+        if call is not None:
+            message = {"role": "assistant", "content": None, "tool_calls": [call.as_dict()]}
         body = {
             "id": new_id("chatcmpl"), "object": "chat.completion", "created": created, "model": model_id,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                         "logprobs": None, "finish_reason": result.finish_reason}],
+            "choices": [{"index": 0, "message": message,
+                         "logprobs": _chat_logprobs(result.logprobs) if params.logprobs else None,
+                         "finish_reason": finish}],
         }
     body["usage"] = _usage(result)
     body["p2pinfer"] = _routing_facts(result)
     return JSONResponse(body)
 
 
-async def _sse(stream: _Stream, first: Any, kind: str, model_id: str, limits: ApiLimits) -> AsyncIterator[bytes]:
+async def _sse(stream: _Stream, first: Any, kind: str, model_id: str, limits: ApiLimits,
+               req: CompletionRequest | ChatRequest) -> AsyncIterator[bytes]:
     """Server-sent events in OpenAI's format, ending with ``data: [DONE]``.
 
     An error after the first byte cannot change the status code, so it is
-    sent as an ``error`` event (what OpenAI clients raise on).
+    sent as an ``error`` event (what OpenAI clients raise on). With tools
+    the model may call, the answer is held back until it ends: only then is
+    it known to be a call (one ``tool_calls`` delta) or text (one content
+    delta). ``stream_options.include_usage`` adds OpenAI's last chunk with
+    no choices and the usage.
     """
     from ..node import GenerateResult
 
     rid = new_id("cmpl" if kind == "text" else "chatcmpl")
     created = now_s()
     obj = "text_completion" if kind == "text" else "chat.completion.chunk"
+    params = req.params
+    tools = getattr(req, "tools", None)
+    hold = tools is not None and tools.grammar is not None
+    offset = 0
 
     def event(payload: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
-    def chunk(text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+    def chunk(text: str | None, finish: str | None, role: bool = False, logprobs: Sequence[TokenLogprob] = (),
+              calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        nonlocal offset
         if kind == "text":
-            choice: dict[str, Any] = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            lp = _completion_logprobs(logprobs, offset, params.top_logprobs > 0) if params.logprobs and logprobs else None
+            offset += len(text or "")
+            choice: dict[str, Any] = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
         else:
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            if calls is not None:
+                delta["tool_calls"] = calls
+            lp = _chat_logprobs(logprobs) if params.logprobs and logprobs else None
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
         return {"id": rid, "object": obj, "created": created, "model": model_id, "choices": [choice]}
 
     try:
         if kind == "chat":
             yield event(chunk(None, None, role=True))
         item = first
+        held: list[Any] = []
         try:
             while True:
                 if isinstance(item, GenerateResult):
-                    final = chunk(None if kind == "chat" else "", item.finish_reason)
+                    finish = item.finish_reason
+                    if hold:
+                        finish, call = _finish_and_calls(item, req)
+                        if call is not None:
+                            yield event(chunk(None, None, calls=[{"index": 0, **call.as_dict()}], logprobs=item.logprobs))
+                        elif item.text:
+                            yield event(chunk(item.text, None, logprobs=item.logprobs))
+                    final = chunk(None if kind == "chat" else "", finish)
                     final["usage"] = _usage(item)
                     final["p2pinfer"] = _routing_facts(item)
                     yield event(final)
+                    if req.include_usage:
+                        yield event({"id": rid, "object": obj, "created": created, "model": model_id, "choices": [],
+                                     "usage": _usage(item)})
                     break
-                if item.text:
-                    yield event(chunk(item.text, None))
+                if hold:
+                    held.append(item)
+                elif item.text or (params.logprobs and item.logprobs):
+                    yield event(chunk(item.text, None, logprobs=item.logprobs))
                 item = await stream.next()
         except StopAsyncIteration:
             pass

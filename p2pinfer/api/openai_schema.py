@@ -8,13 +8,15 @@ code and the OpenAI error object to answer with.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import json
 import time
 from typing import Any
 import uuid
 
-from ..engines.base import MAX_TOKENS_LIMIT, GenerationParams
+from ..engines.base import MAX_TOKENS_LIMIT, MAX_TOP_LOGPROBS, GenerationParams
+from .errors import ApiError, error_body
+from .structured import Tools, grammar_for_response_format, history_content, parse_tools
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -34,35 +36,6 @@ MAX_BODY_BYTES = 1 << 20
 MAX_PROMPT_CHARS = 400_000
 MAX_MESSAGES = 256
 _ROLES = {"system", "user", "assistant", "developer", "tool"}
-
-
-class ApiError(Exception):
-    """An error to answer in the OpenAI format."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        retry_after_s: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.retry_after_s = retry_after_s
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.type, self.param, self.code)
-
-
-def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 def parse_json_body(raw: bytes) -> dict[str, Any]:
@@ -101,7 +74,42 @@ def _get(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...], defau
     return value
 
 
-def _params(body: Mapping[str, Any], default_max_tokens: int) -> GenerationParams:
+_SAMPLING_FIELDS = {
+    "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "n", "stop", "stream",
+    "stream_options", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "user",
+    "logit_bias", "store",
+}
+CHAT_FIELDS = frozenset(_SAMPLING_FIELDS | {
+    "messages", "top_logprobs", "response_format", "tools", "tool_choice", "parallel_tool_calls",
+})
+"""Every chat field p2pinfer honours; any other is a 400 that names it."""
+COMPLETION_FIELDS = frozenset(_SAMPLING_FIELDS | {"prompt", "echo", "best_of", "suffix"})
+_MAX_COMPLETION_LOGPROBS = 5
+
+
+def _refuse_unknown(body: Mapping[str, Any], allowed: frozenset[str], endpoint: str) -> None:
+    for key in body:
+        if key not in allowed:
+            hint = " (use 'tools')" if key in ("functions", "function_call") else ""
+            raise ApiError(400, f"'{key}' is not supported by p2pinfer's {endpoint}{hint}", param=key)
+    # Accepted only at the value that asks for nothing.
+    for key, neutral in (("logit_bias", ({},)), ("store", (False,)), ("echo", (False,)), ("best_of", (1,)), ("suffix", ("",))):
+        value = body.get(key)
+        if value is not None and not any(value == v and type(value) is type(v) for v in neutral):
+            raise ApiError(400, f"'{key}' is not supported by p2pinfer (only {neutral[0]!r})", param=key)
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise ApiError(400, "'user' must be a string", param="user")
+
+
+def _number(body: Mapping[str, Any], key: str, default: float, low: float, high: float, *, open_low: bool = False) -> float:
+    value = float(_get(body, key, (int, float), default))
+    if not (low < value if open_low else low <= value) or not value <= high:
+        raise ApiError(400, f"'{key}' must be in {'(' if open_low else ''}{low:g}..{high:g}{')' if open_low else ''}", param=key)
+    return value
+
+
+def _params(body: Mapping[str, Any], default_max_tokens: int, *, chat: bool) -> GenerationParams:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is None:
         max_tokens = default_max_tokens
@@ -134,11 +142,28 @@ def _params(body: Mapping[str, Any], default_max_tokens: int) -> GenerationParam
         raise ApiError(400, "'stop' takes at most 4 strings of 1..64 characters", param="stop")
     for s in stop:
         _check_text(s, "stop")
-    for unsupported in ("logprobs", "echo", "best_of", "suffix", "tools", "functions", "logit_bias"):
-        value = body.get(unsupported)
-        if value not in (None, False, 0, 1, {}, []) or (unsupported in ("tools", "functions") and value):
-            raise ApiError(400, f"'{unsupported}' is not supported by p2pinfer", param=unsupported)
-    return GenerationParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop)
+    presence = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
+    frequency = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
+    repetition = _number(body, "repetition_penalty", 1.0, 0.0, 2.0, open_low=True)
+    if chat:
+        logprobs = bool(_get(body, "logprobs", bool, False))
+        top = _get(body, "top_logprobs", int, None)
+        if top is not None:
+            if not logprobs:
+                raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+            if not 0 <= top <= MAX_TOP_LOGPROBS:
+                raise ApiError(400, f"'top_logprobs' must be in 0..{MAX_TOP_LOGPROBS}", param="top_logprobs")
+        top_logprobs = top or 0
+    else:  # completions: `logprobs` is the number of alternatives (0: the sampled token's only)
+        count = _get(body, "logprobs", int, None)
+        if count is not None and not 0 <= count <= _MAX_COMPLETION_LOGPROBS:
+            raise ApiError(400, f"'logprobs' must be in 0..{_MAX_COMPLETION_LOGPROBS}", param="logprobs")
+        logprobs, top_logprobs = count is not None, count or 0
+    return GenerationParams(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+        presence_penalty=presence, frequency_penalty=frequency, repetition_penalty=repetition,
+        logprobs=logprobs, top_logprobs=top_logprobs,
+    )
 
 
 @dataclass(frozen=True)
@@ -147,6 +172,7 @@ class CompletionRequest:
     prompt: str
     params: GenerationParams
     stream: bool
+    include_usage: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,16 +181,31 @@ class ChatRequest:
     messages: tuple[dict[str, str], ...]
     params: GenerationParams
     stream: bool
+    include_usage: bool = False
+    tools: Tools | None = None
+    """The request's tools; ``None`` without tools."""
 
 
-def _common(body: Mapping[str, Any]) -> tuple[str | None, bool]:
+def _common(body: Mapping[str, Any]) -> tuple[str | None, bool, bool]:
     model = _get(body, "model", str, None)
     stream = _get(body, "stream", bool, False)
-    return model, stream
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise ApiError(400, "'stream_options' is only allowed with 'stream': true", param="stream_options")
+        if not isinstance(options, dict):
+            raise ApiError(400, "'stream_options' must be an object", param="stream_options")
+        for key in options:
+            if key != "include_usage":
+                raise ApiError(400, f"'stream_options.{key}' is not supported", param="stream_options")
+        include_usage = _get(options, "include_usage", bool, False)
+    return model, stream, include_usage
 
 
 def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
-    model, stream = _common(body)
+    _refuse_unknown(body, COMPLETION_FIELDS, "completions")
+    model, stream, include_usage = _common(body)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -175,11 +216,12 @@ def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
     if len(prompt) > MAX_PROMPT_CHARS:
         raise ApiError(413, f"'prompt' of {len(prompt)} characters exceeds {MAX_PROMPT_CHARS}", param="prompt", code="prompt_too_large")
     _check_text(prompt, "prompt")
-    return CompletionRequest(model, prompt, _params(body, 16), stream)
+    return CompletionRequest(model, prompt, _params(body, 16, chat=False), stream, include_usage)
 
 
 def parse_chat(body: Mapping[str, Any]) -> ChatRequest:
-    model, stream = _common(body)
+    _refuse_unknown(body, CHAT_FIELDS, "chat completions")
+    model, stream, include_usage = _common(body)
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
@@ -193,6 +235,14 @@ def parse_chat(body: Mapping[str, Any]) -> ChatRequest:
         role, content = m.get("role"), m.get("content")
         if role not in _ROLES:
             raise ApiError(400, f"messages[{i}].role must be one of {sorted(_ROLES)}", param="messages")
+        unknown = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
+        if unknown:
+            raise ApiError(400, f"messages[{i}].{sorted(unknown)[0]} is not supported", param="messages")
+        if m.get("tool_calls") is not None:
+            if role != "assistant":
+                raise ApiError(400, f"messages[{i}]: only assistant messages have tool_calls", param="messages")
+            calls = history_content(m, i)
+            content = f"{content}\n{calls}" if isinstance(content, str) and content else calls
         if isinstance(content, list):  # content parts: text only
             parts = []
             for part in content:
@@ -207,7 +257,19 @@ def parse_chat(body: Mapping[str, Any]) -> ChatRequest:
         messages.append({"role": "system" if role == "developer" else role, "content": content})
     if total > MAX_PROMPT_CHARS:
         raise ApiError(413, f"messages of {total} characters exceed {MAX_PROMPT_CHARS}", param="messages", code="prompt_too_large")
-    return ChatRequest(model, tuple(messages), _params(body, 256), stream)
+    params = _params(body, 256, chat=True)
+    tools = parse_tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
+    grammar = None
+    if body.get("response_format") is not None:
+        grammar = grammar_for_response_format(body["response_format"])
+        if grammar is not None and tools is not None and tools.grammar is not None:
+            raise ApiError(400, "'response_format' with 'tools' the model may call is not supported "
+                           "(use tool_choice 'none', or a tool whose parameters are the schema)", param="response_format")
+    if tools is not None and tools.grammar is not None:
+        grammar = tools.grammar
+    if grammar is not None:
+        params = replace(params, grammar=grammar)
+    return ChatRequest(model, tuple(messages), params, stream, include_usage, tools)
 
 
 def new_id(prefix: str) -> str:

@@ -118,3 +118,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 str(p["queued_prefill_tokens"]), "-" if p["rtt_ms"] is None else f"{p['rtt_ms']:.2f}", f"{p['trust']:.2f}",
             )
         console.print(table)
+        models = data.get("swarm_models") or []
+        if models:
+            mtable = Table(title=f"{len(models)} models in the swarm")
+            for col in ("model", "fingerprint", "nodes", "here"):
+                mtable.add_column(col, justify="right" if col == "nodes" else "left")
+            for m in models:
+                mtable.add_row(str(m["id"]), str(m["fingerprint"]), str(m["nodes"]), "yes" if m["served_here"] else "")
+            console.print(mtable)

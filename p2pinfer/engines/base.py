@@ -27,13 +27,41 @@ __all__ = [
     "InvalidRequestError",
     "PromptTooLongError",
     "TokenChunk",
+    "TokenLogprob",
     "EngineOverloadedError",
+    "with_tool_instructions",
 ]
 
 ChatMessage = Mapping[str, str]
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 MAX_TOKENS_LIMIT = 8192
+MAX_TOP_LOGPROBS = 20
+MAX_GRAMMAR_CHARS = 65536
+
+
+def with_tool_instructions(messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """The messages with a system instruction that lists ``tools``, for a chat
+    template that has no tools section of its own.
+
+    The instruction asks for the form the tool-call grammar enforces
+    (``{"name": ..., "arguments": {...}}``), so the model sees what it will
+    be made to write.
+    """
+    import json  # noqa: PLC0415
+
+    functions = [t.get("function", t) for t in tools]
+    text = (
+        "You can call functions. To call one, answer with only a JSON object "
+        '{"name": <function name>, "arguments": <object matching its parameters>}. '
+        "The functions:\n" + json.dumps(functions, ensure_ascii=False)
+    )
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0]['content']}\n\n{text}"
+    else:
+        out.insert(0, {"role": "system", "content": text})
+    return out
 
 
 class EngineError(RuntimeError):
@@ -61,6 +89,22 @@ class GenerationParams:
     top_k: int = 40
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    """OpenAI's: subtracted from the logit of every token already generated."""
+    frequency_penalty: float = 0.0
+    """OpenAI's: subtracted once per earlier occurrence of the token."""
+    repetition_penalty: float = 1.0
+    """llama.cpp's (CTRL's) multiplicative penalty on repeated tokens; 1 = off."""
+    grammar: str | None = None
+    """GBNF that constrains sampling (JSON mode, a JSON schema, tool calls)."""
+    logprobs: bool = False
+    """Return each generated token's log-probability (:attr:`TokenChunk.logprobs`)."""
+    top_logprobs: int = 0
+    """And this many most likely alternatives per position."""
+
+    @property
+    def penalised(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def validate(self) -> None:
         """Raise :class:`InvalidRequestError` for impossible parameters."""
@@ -74,6 +118,29 @@ class GenerationParams:
             raise InvalidRequestError("top_k must be in 0..100000")
         if len(self.stop) > 8 or any(not s or len(s) > 64 for s in self.stop):
             raise InvalidRequestError("at most 8 stop strings of 1..64 characters")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise InvalidRequestError(f"{name} must be in -2..2")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise InvalidRequestError("repetition_penalty must be in (0, 2]")
+        if self.grammar is not None and not 1 <= len(self.grammar) <= MAX_GRAMMAR_CHARS:
+            raise InvalidRequestError(f"grammar must be 1..{MAX_GRAMMAR_CHARS} characters")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequestError("top_logprobs needs logprobs")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log-probability, and the most likely alternatives."""
+
+    token_id: int
+    piece: bytes
+    """The token's bytes (a token may hold part of a UTF-8 character)."""
+    logprob: float
+    top: tuple[tuple[int, bytes, float], ...] = ()
+    """(token id, bytes, log-probability), most likely first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +149,8 @@ class TokenChunk:
 
     token_ids: tuple[int, ...]
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """One per token id when the request asked for logprobs, else empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +207,12 @@ class Engine(ABC):
     def detokenize(self, tokens: Sequence[int]) -> str: ...
 
     @abstractmethod
-    def chat_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
-        """Messages through the model's own chat template, with the generation prompt."""
+    def chat_tokens(self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """Messages through the model's own chat template, with the generation prompt.
+
+        ``tools`` (OpenAI's list): rendered by the template where it has a
+        tools section, else as a system instruction
+        (:func:`with_tool_instructions`)."""
 
     @abstractmethod
     def generate(self, tokens: Sequence[int], params: GenerationParams) -> AsyncIterator[TokenChunk | GenerationRecord]:

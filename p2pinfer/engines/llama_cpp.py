@@ -53,6 +53,8 @@ from .base import (
     GenerationRecord,
     InvalidRequestError,
     TokenChunk,
+    TokenLogprob,
+    with_tool_instructions,
 )
 from .kv_segments import Segment, SegmentStore
 from .model_files import file_identity, resolve_model_path
@@ -72,6 +74,8 @@ class _Request:
     params: GenerationParams
     cancel: threading.Event = field(default_factory=threading.Event)
     sampler: Any = None
+    spec: Any = None
+    """Its :class:`~p2pinfer.engines.llama_runtime.SamplerSpec`, once the sampler is built."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +86,7 @@ class _PrefillResult:
     prefill_s: float
     trimmed: list[tuple[Segment[bytearray], bytearray | None, int, int]]
     restore_error: str | None
+    first_logprob: TokenLogprob | None = None
 
 
 class LlamaCppEngine(Engine):
@@ -187,6 +192,8 @@ class LlamaCppEngine(Engine):
         self._lock = trio.Semaphore(1)
         self._limiter = trio.CapacityLimiter(1)  # one thread on the context, even after a cancel
         self._garbage: deque[_Request] = deque()
+        self._grammars_ok: dict[str, None] = {}
+        """Grammars llama.cpp parsed already (insertion order: the oldest is dropped first)."""
         # Until its first timed prefill it reports the calibrated default speed.
         self.queue = EngineQueue(
             ms_per_token=EngineCostModel().prefill_ms_per_token, speed_measured=False, max_queue=max_queue, max_reuse=_max_reuse
@@ -263,7 +270,7 @@ class LlamaCppEngine(Engine):
                 raise InvalidRequestError(f"token id {t!r} is outside the vocabulary (0..{self.vocab_size - 1})")
         return self._rt.detokenize(tokens)
 
-    def chat_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def chat_tokens(self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         if self._formatter is None:
             raise InvalidRequestError(f"{self.model_name} has no chat template; send a plain prompt")
         if not messages:
@@ -276,8 +283,14 @@ class LlamaCppEngine(Engine):
             if not isinstance(role, str) or not isinstance(content, str):
                 raise InvalidRequestError(f"message {i} needs string 'role' and 'content'")
             clean.append({"role": role, "content": content})
+        extra: dict[str, Any] = {}
+        if tools:
+            if "tools" in (self._chat_template or ""):
+                extra["tools"] = list(tools)
+            else:
+                clean = with_tool_instructions(clean, tools)
         try:
-            rendered = self._formatter(messages=clean)  # type: ignore[arg-type]
+            rendered = self._formatter(messages=clean, **extra)  # type: ignore[arg-type]
         except Exception as exc:  # the template's own raise_exception, or a broken template
             raise InvalidRequestError(f"the chat template rejected the messages: {exc}") from exc
         # The template writes any BOS itself: do not add another.
@@ -356,14 +369,30 @@ class LlamaCppEngine(Engine):
                 rt.clear()
                 reused = 0
         t1 = time.perf_counter()
-        p = req.params
-        req.sampler = rt.new_sampler(SamplerSpec(p.temperature, p.top_k, p.top_p, p.seed))
+        spec = req.spec = SamplerSpec.of(req.params)
+        req.sampler = rt.new_sampler(spec)
         index = rt.prefill(req.tokens[reused:], reused, req.cancel)
         first = rt.sample(req.sampler, index)
         t2 = time.perf_counter()
-        return _PrefillResult(reused, first, t1 - t0, t2 - t1, trimmed, restore_error)
+        return _PrefillResult(reused, first, t1 - t0, t2 - t1, trimmed, restore_error, rt.token_logprob(spec, index, first))
 
-    def _job_step(self, req: _Request, token: int | None, pos: int, save_from: int | None) -> tuple[Any, int | None]:
+    def _check_grammar(self, grammar: str) -> None:
+        """Refuse a grammar llama.cpp cannot parse before the request queues (parsed once per text)."""
+        from .llama_runtime import GrammarError  # noqa: PLC0415
+
+        if grammar in self._grammars_ok:
+            return
+        try:
+            self._rt.check_grammar(grammar)
+        except GrammarError as exc:
+            raise InvalidRequestError(f"grammar: {exc}") from None
+        self._grammars_ok[grammar] = None
+        while len(self._grammars_ok) > 64:
+            self._grammars_ok.pop(next(iter(self._grammars_ok)))
+
+    def _job_step(
+        self, req: _Request, token: int | None, pos: int, save_from: int | None
+    ) -> tuple[Any, int | None, TokenLogprob | None]:
         """Save the prompt's new span (once), then evaluate ``token`` and sample the next."""
         if req.cancel.is_set():
             raise _Cancelled()
@@ -377,10 +406,12 @@ class LlamaCppEngine(Engine):
             except Exception as exc:  # not caching this prompt is not worth failing the request
                 saved = exc
         nxt = None
+        lp = None
         if token is not None:
             index = rt.prefill([token], pos)
             nxt = rt.sample(req.sampler, index)
-        return saved, nxt
+            lp = rt.token_logprob(req.spec, index, nxt)
+        return saved, nxt, lp
 
     async def generate(
         self, tokens: Sequence[int], params: GenerationParams
@@ -388,6 +419,8 @@ class LlamaCppEngine(Engine):
         if self._closed:
             raise EngineError("the engine is closed")
         self.validate_tokens(tokens, params)
+        if params.grammar:
+            self._check_grammar(params.grammar)
         req = _Request(list(tokens), params)
         n = len(req.tokens)
         t0 = time.perf_counter()
@@ -422,6 +455,7 @@ class LlamaCppEngine(Engine):
 
                 text = TextStream(params.stop)
                 token = pre.first_token
+                logprob = pre.first_logprob
                 generated = 0
                 save_from: int | None = pre.reused
                 finish = "length"
@@ -438,12 +472,12 @@ class LlamaCppEngine(Engine):
                             piece += text.flush()
                         else:
                             to_eval = token
-                        yield TokenChunk((token,), piece)
+                        yield TokenChunk((token,), piece, (logprob,) if logprob is not None else ())
                     if to_eval is None and save_from is None:
                         break
                     t_step = time.perf_counter()
                     try:
-                        saved, nxt = await self._run(self._job_step, req, to_eval, n + generated - 1, save_from)
+                        saved, nxt, next_logprob = await self._run(self._job_step, req, to_eval, n + generated - 1, save_from)
                     except Exception as exc:
                         raise EngineError(f"llama.cpp failed while decoding: {exc}") from exc
                     if save_from is None:
@@ -460,7 +494,7 @@ class LlamaCppEngine(Engine):
                         pin = None
                     if nxt is None:
                         break
-                    token = nxt
+                    token, logprob = nxt, next_logprob
                 finished = True
                 yield GenerationRecord(
                     prompt_tokens=n,

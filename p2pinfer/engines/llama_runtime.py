@@ -27,12 +27,15 @@ from typing import Any
 import blake3
 import llama_cpp as _ll
 
+from .base import TokenLogprob
+
 __all__ = [
     "CPU_REPACK_UPSTREAM_ISSUE",
     "DecodeError",
     "JobCancelled",
     "LlamaRuntime",
     "RestoreError",
+    "GrammarError",
     "SamplerSpec",
     "model_params",
     "plain_llama",
@@ -129,12 +132,38 @@ class JobCancelled(Exception):
     """The request was cancelled between two batches."""
 
 
+PENALTY_LAST_N = 64
+"""Penalties look at this many of the latest tokens (llama.cpp's default)."""
+
+
+class GrammarError(ValueError):
+    """llama.cpp could not parse a GBNF grammar."""
+
+
 @dataclass(frozen=True, slots=True)
 class SamplerSpec:
+    """Everything a request's sampler chain is built from (one per request)."""
+
     temperature: float
     top_k: int
     top_p: float
     seed: int | None
+    grammar: str | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: bool = False
+    """Read each sampled token's log-probability (:meth:`LlamaRuntime.token_logprob`)."""
+    top_logprobs: int = 0
+
+    @classmethod
+    def of(cls, params: Any) -> SamplerSpec:
+        """From a request's :class:`~p2pinfer.engines.base.GenerationParams`."""
+        return cls(
+            params.temperature, params.top_k, params.top_p, params.seed, params.grammar,
+            params.presence_penalty, params.frequency_penalty, params.repetition_penalty,
+            params.logprobs, params.top_logprobs,
+        )
 
 
 class LlamaRuntime:
@@ -342,8 +371,30 @@ class LlamaRuntime:
         ptr = _ll.llama_get_logits_ith(self.ctx, index)
         return ctypes.string_at(ptr, 4 * self.n_vocab)
 
+    def check_grammar(self, grammar: str) -> None:
+        """Raise :class:`GrammarError` unless llama.cpp parses ``grammar`` (root rule ``root``)."""
+        smpl = _ll.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+        if not smpl:
+            raise GrammarError("llama.cpp could not parse the grammar")
+        _ll.llama_sampler_free(smpl)
+
     def new_sampler(self, spec: SamplerSpec) -> Any:
+        """The request's chain: grammar (only tokens it allows), penalties, then
+        greedy or top-k, top-p, temperature and a seeded draw.
+
+        ``llama_sampler_sample`` accepts the drawn token into every stage, so
+        the grammar's state and the penalties' history follow the output.
+        """
         chain = _ll.llama_sampler_chain_init(_ll.llama_sampler_chain_default_params())
+        if spec.grammar:
+            grammar = _ll.llama_sampler_init_grammar(self.vocab, spec.grammar.encode(), b"root")
+            if not grammar:
+                _ll.llama_sampler_free(chain)
+                raise GrammarError("llama.cpp could not parse the grammar")
+            _ll.llama_sampler_chain_add(chain, grammar)
+        if spec.presence_penalty or spec.frequency_penalty or spec.repetition_penalty != 1.0:
+            _ll.llama_sampler_chain_add(chain, _ll.llama_sampler_init_penalties(
+                self.n_vocab, PENALTY_LAST_N, spec.repetition_penalty, spec.frequency_penalty, spec.presence_penalty))
         if spec.temperature <= 0.0:
             _ll.llama_sampler_chain_add(chain, _ll.llama_sampler_init_greedy())
             return chain
@@ -362,6 +413,33 @@ class LlamaRuntime:
 
     def sample(self, chain: Any, index: int) -> int:
         return int(_ll.llama_sampler_sample(chain, self.ctx, index))
+
+    def token_logprob(self, spec: SamplerSpec, index: int, token: int) -> TokenLogprob | None:
+        """What a request that asked for logprobs (``spec.logprobs``) gets for the
+        token sampled from batch row ``index``; ``None`` if it did not ask.
+        Call it right after sampling, before the next decode overwrites the row."""
+        if not spec.logprobs:
+            return None
+        value, top = self.token_logprobs(index, token, spec.top_logprobs)
+        return TokenLogprob(token, self.piece(token), value, tuple((t, self.piece(t), v) for t, v in top))
+
+    def token_logprobs(self, index: int, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+        """``token``'s log-probability under the model at batch row ``index``
+        (the raw distribution, before temperature, penalties or grammar: what
+        OpenAI reports), and the ``top`` most likely tokens. Call it before
+        the next decode overwrites the row."""
+        import numpy as np  # noqa: PLC0415 - a dependency of llama-cpp-python
+
+        ptr = _ll.llama_get_logits_ith(self.ctx, index)
+        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float64)
+        peak = float(logits.max())
+        norm = peak + float(np.log(np.exp(logits - peak).sum()))
+        best: list[tuple[int, float]] = []
+        if top > 0:
+            ids = np.argpartition(-logits, top)[:top]
+            ids = ids[np.argsort(-logits[ids], kind="stable")]
+            best = [(int(t), float(logits[t]) - norm) for t in ids]
+        return float(logits[token]) - norm, best
 
     # -- saved spans -----------------------------------------------------------
     def save_span(self, start: int, end: int) -> bytearray:

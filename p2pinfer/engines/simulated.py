@@ -11,7 +11,7 @@ language model and never claims to be one.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 import time
 from typing import Any
 
@@ -29,7 +29,9 @@ from .base import (
     EngineOverloadedError,
     GenerationParams,
     GenerationRecord,
+    InvalidRequestError,
     TokenChunk,
+    with_tool_instructions,
 )
 
 __all__ = ["SimulatedEngine"]
@@ -88,7 +90,9 @@ class SimulatedEngine(Engine):
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self._tokenizer.decode(tokens)
 
-    def chat_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def chat_tokens(self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        if tools:
+            messages = with_tool_instructions(messages, tools)
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         return self.tokenize(text + "<|im_start|>assistant\n")
 
@@ -99,6 +103,11 @@ class SimulatedEngine(Engine):
         self, tokens: Sequence[int], params: GenerationParams
     ) -> AsyncIterator[TokenChunk | GenerationRecord]:
         self.validate_tokens(tokens, params)
+        # Its tokens come from a cost model, not a distribution: nothing to constrain, penalise or score.
+        for name, asked in (("grammar", params.grammar is not None), ("logprobs", params.logprobs),
+                            ("presence_penalty, frequency_penalty, repetition_penalty", params.penalised)):
+            if asked:
+                raise InvalidRequestError(f"the simulated engine cannot honour {name}")
         tokens = list(tokens)
         t0 = time.perf_counter()
         try:

@@ -29,6 +29,7 @@ from ..core.router import Router
 from ..engines.base import GenerationParams, TokenChunk
 from ..node import GenerateResult, Node, RequestFailed
 from ..net.config import NodeConfig
+from ..net.wire import GENERATE_VERSION
 from .lying import LyingRouter
 
 log = logging.getLogger("p2pinfer.lab.scripted_node")
@@ -227,7 +228,7 @@ class Controller:
 
         params = fields.pop("params", {})
         params.setdefault("max_tokens", 4)
-        fields.setdefault("version", 1)
+        fields.setdefault("version", GENERATE_VERSION)
         fields.setdefault("request_id", b"r" * 16)
         fields.setdefault("hops", 1)
         fields.setdefault("model_fingerprint", self.node.router.fingerprint_hex)

@@ -50,6 +50,7 @@ from .wire import (
     RESPONSE_MAX_BYTES,
     Done,
     RemoteError,
+    Request,
     WireError,
     decode_request,
     decode_response,
@@ -88,6 +89,15 @@ ServeHere = Callable[[list[int], GenerationParams, float], AsyncIterator[TokenCh
 on the trio clock, :class:`DeadlineExceeded` past it."""
 
 
+Delegate = Callable[["Request", float], AsyncIterator[TokenChunk | Done]]
+"""``delegate(request, deadline)``: a delegated request (text or messages from
+a node that does not serve this model): tokenise it here and route it among
+this model's nodes, as a request entering here. Yields chunks, then a
+:class:`Done` naming the node that served it; raises the engine's errors
+(``InvalidRequestError``, ``EngineOverloadedError``...) for the caller to
+answer with."""
+
+
 class ForwardServer:
     """Answers forwarded requests with ``serve``; ``is_busy()`` is the node's
     valve (queued work over the threshold, or every forwarding slot taken)."""
@@ -103,8 +113,10 @@ class ForwardServer:
         self_id: str,
         is_busy: Callable[[], bool],
         other_models: OtherModels | None = None,
+        delegate: Delegate | None = None,
     ) -> None:
         self.engine = engine
+        self._delegate = delegate
         self.fingerprint = fingerprint
         self._serve = serve
         self.config = config
@@ -179,7 +191,10 @@ class ForwardServer:
                 max_hops=self.config.max_hops,
                 max_tokens=self.engine.context_size,
             )
-            self.engine.validate_tokens(req.tokens, req.params)
+            if not req.delegated:
+                self.engine.validate_tokens(req.tokens, req.params)
+            elif self._delegate is None:
+                raise WireError("BAD_REQUEST", "this node takes no delegated requests")
         except WireError as exc:
             self._refused(exc.code, rejected_frame=exc.code == "BAD_REQUEST")
             if exc.code == "MODEL_MISMATCH" and self._other_models is not None:
@@ -201,18 +216,22 @@ class ForwardServer:
         self.inflight += 1
         try:
             record: GenerationRecord | None = None
+            served_by = self.self_id
+            source = self._delegate(req, deadline) if req.delegated and self._delegate else self._serve(req.tokens, req.params, deadline)
             # The scope also bounds writing to a slow origin.
             with trio.move_on_at(deadline) as scope:
-                async with aclosing(self._serve(req.tokens, req.params, deadline)) as items:
+                async with aclosing(source) as items:
                     async for item in items:
                         if isinstance(item, TokenChunk):
                             await write_frame(stream, encode_chunk(item))
+                        elif isinstance(item, Done):
+                            record, served_by = item.record, item.served_by
                         else:
                             record = item
             if scope.cancelled_caught or record is None:
                 self._refused("DEADLINE")
                 return await _try_write(stream, encode_error("DEADLINE", f"not done within {budget:.3f} s"))
-            await write_frame(stream, encode_done(record, self.self_id))
+            await write_frame(stream, encode_done(record, served_by))
             self.counters.forwards_served += 1
             return True
         except DeadlineExceeded:
@@ -224,6 +243,12 @@ class ForwardServer:
         except EngineOverloadedError as exc:
             self._refused("BUSY")
             return await _try_write(stream, encode_error("BUSY", str(exc)))
+        except PromptTooLongError as exc:  # a delegated request, tokenised here
+            self._refused("TOO_LARGE")
+            return await _try_write(stream, encode_error("TOO_LARGE", str(exc)))
+        except InvalidRequestError as exc:
+            self._refused("BAD_REQUEST")
+            return await _try_write(stream, encode_error("BAD_REQUEST", str(exc)))
         except EngineError as exc:
             self._refused("INTERNAL")
             log.warning("engine failed a forwarded request: %s", exc)

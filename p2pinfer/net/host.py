@@ -206,6 +206,7 @@ class Libp2pStack:
 
 def build_stack(config: NodeConfig, key_pair: KeyPair, topic: str, counters: NodeCounters | None = None) -> Libp2pStack:
     libp2p_patches.apply()
+    from .model_gossip import MODELS_TOPIC
     listen = _multiaddrs(config.listen, "listen")
     announce = _multiaddrs(config.announce, "announce") or None
     noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
@@ -240,7 +241,7 @@ def build_stack(config: NodeConfig, key_pair: KeyPair, topic: str, counters: Nod
         gossipsub,
         strict_signing=True,
         max_inbound_rpc_size=DefaultMaxMessageSize,
-        allowed_topics={topic},
+        allowed_topics={topic, MODELS_TOPIC},
     )
     pubsub.counters = counters
     return Libp2pStack(host, pubsub, gossipsub, listen)

@@ -18,15 +18,19 @@ from google.protobuf.message import DecodeError
 
 from ..core.digest import MAX_DIGEST_BYTES, Digest, DigestError, decode_digest
 from ..core.peers import Load
-from ..engines.base import GenerationParams, GenerationRecord, InvalidRequestError, TokenChunk
+from ..engines.base import MAX_TOP_LOGPROBS, GenerationParams, GenerationRecord, InvalidRequestError, TokenChunk, TokenLogprob
 from .proto import p2pinfer_pb2 as pb
 
 __all__ = [
     "ERROR_CODES",
     "GOSSIP_MAX_BYTES",
     "PULL_REQUEST_MAX_BYTES",
+    "GENERATE_VERSION",
+    "MODEL_ANNOUNCEMENT_MAX_BYTES",
     "WIRE_VERSION",
+    "ChatLine",
     "Done",
+    "ModelAnnouncement",
     "GossipRejected",
     "LoadInfo",
     "RemoteError",
@@ -36,6 +40,14 @@ __all__ = [
 ]
 
 WIRE_VERSION = 1
+"""Gossip and digest-pull messages."""
+GENERATE_VERSION = 2
+"""``GenerateRequest`` and ``GenerateResponse``. 2: sampling fields (penalties,
+grammar, logprobs), logprobs in chunks, delegated requests (text or messages)."""
+MODEL_ANNOUNCEMENT_MAX_BYTES = 8192
+MAX_ALIAS_LEN = 256
+MAX_TOOLS_JSON = 256 * 1024
+MAX_DELEGATED_MESSAGES = 256
 GOSSIP_MAX_BYTES = 1024 * 1024 - 16 * 1024
 """Gossipsub carries at most 1 MiB per RPC (as go-libp2p-pubsub); the rest is
 signature, ids and topic. A digest over this size (more than ~129k blocks,
@@ -116,12 +128,18 @@ def params_to_pb(params: GenerationParams) -> pb.GenerationParams:
         has_seed=params.seed is not None,
         seed=params.seed or 0,
         stop=list(params.stop),
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        grammar=params.grammar or "",
+        logprobs=params.logprobs,
+        top_logprobs=params.top_logprobs,
     )
 
 
 def params_from_pb(msg: pb.GenerationParams) -> GenerationParams:
     """Raises :class:`InvalidRequestError` for impossible values."""
-    for name in ("temperature", "top_p"):
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
         if not math.isfinite(getattr(msg, name)):
             raise InvalidRequestError(f"{name} must be a finite number")
     params = GenerationParams(
@@ -132,12 +150,26 @@ def params_from_pb(msg: pb.GenerationParams) -> GenerationParams:
         top_k=msg.top_k,
         seed=msg.seed if msg.has_seed else None,
         stop=tuple(msg.stop),
+        presence_penalty=round(msg.presence_penalty, 6),
+        frequency_penalty=round(msg.frequency_penalty, 6),
+        repetition_penalty=round(msg.repetition_penalty, 6),
+        grammar=msg.grammar or None,
+        logprobs=msg.logprobs,
+        top_logprobs=msg.top_logprobs,
     )
     params.validate()
     return params
 
 
 # -- /p2pinfer/generate/1.0.0 ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChatLine:
+    """One chat message of a delegated request."""
+
+    role: str
+    content: str
 
 
 def encode_request(
@@ -151,9 +183,13 @@ def encode_request(
     predicted_match_tokens: int,
     origin: str,
     resumed_tokens: int = 0,
+    prompt_text: str = "",
+    messages: Sequence[ChatLine] = (),
+    tools_json: str = "",
 ) -> bytes:
+    """``prompt_text`` or ``messages`` instead of ``tokens``: a delegated request."""
     return pb.GenerateRequest(
-        version=WIRE_VERSION,
+        version=GENERATE_VERSION,
         request_id=request_id,
         token_ids=list(tokens),
         params=params_to_pb(params),
@@ -163,6 +199,9 @@ def encode_request(
         predicted_match_tokens=max(0, predicted_match_tokens),
         origin=origin,
         resumed_tokens=resumed_tokens,
+        prompt_text=prompt_text,
+        messages=[pb.ChatMessage(role=m.role, content=m.content) for m in messages],
+        tools_json=tools_json,
     ).SerializeToString()
 
 
@@ -177,6 +216,14 @@ class Request:
     predicted_match_tokens: int
     origin: str
     resumed_tokens: int
+    prompt_text: str = ""
+    messages: tuple[ChatLine, ...] = ()
+    tools_json: str = ""
+
+    @property
+    def delegated(self) -> bool:
+        """The origin does not serve this model: it sent text, this node tokenises and routes."""
+        return not self.tokens
 
 
 def decode_request(data: bytes, *, fingerprint: str, max_hops: int, max_tokens: int) -> Request:
@@ -186,8 +233,8 @@ def decode_request(data: bytes, *, fingerprint: str, max_hops: int, max_tokens: 
         msg.ParseFromString(data)
     except DecodeError as exc:
         raise WireError("BAD_REQUEST", f"not a GenerateRequest: {exc}") from None
-    if msg.version != WIRE_VERSION:
-        raise WireError("BAD_REQUEST", f"request version {msg.version}; this node speaks {WIRE_VERSION}")
+    if msg.version != GENERATE_VERSION:
+        raise WireError("BAD_REQUEST", f"request version {msg.version}; this node speaks {GENERATE_VERSION}")
     if msg.model_fingerprint != fingerprint:
         raise WireError(
             "MODEL_MISMATCH", mismatch_message(fingerprint, msg.model_fingerprint), fingerprint=msg.model_fingerprint[:64]
@@ -202,6 +249,15 @@ def decode_request(data: bytes, *, fingerprint: str, max_hops: int, max_tokens: 
         raise WireError("BAD_REQUEST", "resumed_tokens exceeds the prompt")
     if not msg.HasField("params"):
         raise WireError("BAD_REQUEST", "generation parameters are missing")
+    forms = sum((bool(msg.token_ids), bool(msg.prompt_text), bool(msg.messages)))
+    if forms != 1:
+        raise WireError("BAD_REQUEST", "exactly one of token_ids, prompt_text and messages must be set")
+    if len(msg.messages) > MAX_DELEGATED_MESSAGES:
+        raise WireError("TOO_LARGE", f"{len(msg.messages)} messages; at most {MAX_DELEGATED_MESSAGES}")
+    if len(msg.tools_json) > MAX_TOOLS_JSON:
+        raise WireError("TOO_LARGE", f"tools_json of {len(msg.tools_json)} characters; at most {MAX_TOOLS_JSON}")
+    if msg.tools_json and not msg.messages:
+        raise WireError("BAD_REQUEST", "tools_json needs messages")
     try:
         params = params_from_pb(msg.params)
     except InvalidRequestError as exc:
@@ -216,6 +272,9 @@ def decode_request(data: bytes, *, fingerprint: str, max_hops: int, max_tokens: 
         predicted_match_tokens=msg.predicted_match_tokens,
         origin=msg.origin[:128],
         resumed_tokens=msg.resumed_tokens,
+        prompt_text=msg.prompt_text,
+        messages=tuple(ChatLine(m.role, m.content) for m in msg.messages),
+        tools_json=msg.tools_json,
     )
 
 
@@ -228,14 +287,36 @@ class Done:
 
 
 def encode_chunk(chunk: TokenChunk) -> bytes:
+    logprobs = [
+        pb.TokenLogprob(
+            token_id=lp.token_id, piece=lp.piece, logprob=lp.logprob,
+            top=[pb.TopLogprob(token_id=t, piece=b, logprob=v) for t, b, v in lp.top],
+        )
+        for lp in chunk.logprobs
+    ]
     return pb.GenerateResponse(
-        version=WIRE_VERSION, chunk=pb.TokenChunk(token_ids=list(chunk.token_ids), text=chunk.text)
+        version=GENERATE_VERSION,
+        chunk=pb.TokenChunk(token_ids=list(chunk.token_ids), text=chunk.text, logprobs=logprobs),
     ).SerializeToString()
+
+
+def _logprobs_from_pb(chunk: pb.TokenChunk) -> tuple[TokenLogprob, ...]:
+    if not chunk.logprobs:
+        return ()
+    if len(chunk.logprobs) != len(chunk.token_ids):
+        raise WireError("BAD_REQUEST", "logprobs must come one per token")
+    out = []
+    for lp, token in zip(chunk.logprobs, chunk.token_ids):
+        values = [lp.logprob, *(t.logprob for t in lp.top)]
+        if lp.token_id != token or len(lp.top) > MAX_TOP_LOGPROBS or not all(math.isfinite(v) or v == -math.inf for v in values) or any(v > 0 for v in values):
+            raise WireError("BAD_REQUEST", "logprobs out of range")
+        out.append(TokenLogprob(lp.token_id, lp.piece[:64], lp.logprob, tuple((t.token_id, t.piece[:64], t.logprob) for t in lp.top)))
+    return tuple(out)
 
 
 def encode_done(record: GenerationRecord, served_by: str) -> bytes:
     return pb.GenerateResponse(
-        version=WIRE_VERSION,
+        version=GENERATE_VERSION,
         done=pb.GenerateDone(
             prompt_tokens=record.prompt_tokens,
             reused_tokens=record.reused_tokens,
@@ -251,7 +332,7 @@ def encode_done(record: GenerationRecord, served_by: str) -> bytes:
 
 def encode_error(code: str, message: str) -> bytes:
     return pb.GenerateResponse(
-        version=WIRE_VERSION, error=pb.Error(code=pb.ErrorCode.Value(code), message=message[:1024])
+        version=GENERATE_VERSION, error=pb.Error(code=pb.ErrorCode.Value(code), message=message[:1024])
     ).SerializeToString()
 
 
@@ -265,11 +346,11 @@ def decode_response(data: bytes, peer: str = "") -> TokenChunk | Done | RemoteEr
         msg.ParseFromString(data)
     except DecodeError as exc:
         raise WireError("BAD_REQUEST", f"not a GenerateResponse: {exc}") from None
-    if msg.version != WIRE_VERSION:
-        raise WireError("BAD_REQUEST", f"response version {msg.version}; this node speaks {WIRE_VERSION}")
+    if msg.version != GENERATE_VERSION:
+        raise WireError("BAD_REQUEST", f"response version {msg.version}; this node speaks {GENERATE_VERSION}")
     kind = msg.WhichOneof("body")
     if kind == "chunk":
-        return TokenChunk(tuple(msg.chunk.token_ids), msg.chunk.text)
+        return TokenChunk(tuple(msg.chunk.token_ids), msg.chunk.text, _logprobs_from_pb(msg.chunk))
     if kind == "done":
         d = msg.done
         if d.finish_reason not in _FINISH:
@@ -448,3 +529,52 @@ def encode_pull_error(code: str, message: str) -> bytes:
     return pb.DigestPullResponse(
         version=WIRE_VERSION, error=pb.Error(code=pb.ErrorCode.Value(code), message=message[:1024])
     ).SerializeToString()
+
+
+# -- /p2pinfer/models/1 -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModelAnnouncement:
+    """A node says which model it serves, checked."""
+
+    node_id: str
+    fingerprint: str
+    alias: str
+    addrs: tuple[str, ...]
+
+
+_FINGERPRINT_RE = re.compile(r"[0-9a-f]{1,64}")
+
+
+def encode_model_announcement(node_id: str, fingerprint: str, alias: str, addrs: Sequence[str]) -> bytes:
+    return pb.ModelAnnouncement(
+        version=WIRE_VERSION,
+        node_id=node_id,
+        model_fingerprint=fingerprint,
+        model_alias=alias[:MAX_ALIAS_LEN],
+        addrs=list(addrs)[:MAX_ADDRS],
+    ).SerializeToString()
+
+
+def decode_model_announcement(data: bytes, *, sender: str) -> ModelAnnouncement:
+    """Validate one announcement from ``sender`` (the libp2p-signed origin)."""
+    if len(data) > MODEL_ANNOUNCEMENT_MAX_BYTES:
+        raise GossipRejected("oversized", f"{len(data)} bytes")
+    msg = pb.ModelAnnouncement()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise GossipRejected("malformed", str(exc)) from None
+    if msg.version != WIRE_VERSION:
+        raise GossipRejected("version", f"model announcement version {msg.version}")
+    if msg.node_id != sender:
+        raise GossipRejected("spoofed", f"announcement for {msg.node_id!r} signed by {sender}")
+    if not _FINGERPRINT_RE.fullmatch(msg.model_fingerprint):
+        raise GossipRejected("malformed", "model_fingerprint must be 1..64 lowercase hex digits")
+    alias = msg.model_alias
+    if not 1 <= len(alias) <= MAX_ALIAS_LEN or not alias.isprintable():
+        raise GossipRejected("malformed", "model_alias must be 1..256 printable characters")
+    if len(msg.addrs) > MAX_ADDRS or any(len(a) > MAX_ADDR_LEN or not a.startswith("/") for a in msg.addrs):
+        raise GossipRejected("malformed", "bad address list")
+    return ModelAnnouncement(sender, msg.model_fingerprint, alias, tuple(msg.addrs))

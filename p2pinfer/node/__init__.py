@@ -8,7 +8,7 @@ forwards it; :class:`SyncNode` runs a node on a thread for plain scripts.
 from ..core.attempts import Attempt
 from ..net.config import NodeConfig
 from ..net.forward import DeadlineExceeded
-from .results import GenerateResult, NodeError, RequestFailed
+from .results import GenerateResult, ModelUnavailable, NodeError, RequestFailed, ToolPrompt
 from .sync import SyncNode
 from .wiring import Node
 
@@ -16,9 +16,11 @@ __all__ = [
     "Attempt",
     "DeadlineExceeded",
     "GenerateResult",
+    "ModelUnavailable",
     "Node",
     "NodeConfig",
     "NodeError",
     "RequestFailed",
     "SyncNode",
+    "ToolPrompt",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -10,14 +10,27 @@ from ..core.attempts import Attempt
 from ..core.policies import Decision
 from ..engines.base import ChatMessage, GenerationRecord
 
-__all__ = ["GenerateResult", "NodeError", "Prompt", "RequestFailed"]
+__all__ = ["GenerateResult", "ModelUnavailable", "NodeError", "Prompt", "RequestFailed", "ToolPrompt"]
 
-Prompt = str | Sequence[int] | Sequence[ChatMessage]
-"""Text, chat messages (through the model's template) or token ids."""
+
+@dataclass(frozen=True)
+class ToolPrompt:
+    """Chat messages and the OpenAI ``tools`` the model may call, for its chat template."""
+
+    messages: Sequence[ChatMessage]
+    tools: Sequence[Mapping[str, Any]]
+
+
+Prompt = str | Sequence[int] | Sequence[ChatMessage] | ToolPrompt
+"""Text, chat messages (through the model's template), token ids, or messages with tools."""
 
 
 class NodeError(RuntimeError):
     """The node cannot do what was asked (not started, bad prompt type...)."""
+
+
+class ModelUnavailable(NodeError):
+    """The swarm knows the requested model but no node serves it right now (HTTP 503)."""
 
 
 class RequestFailed(NodeError):
@@ -53,9 +66,13 @@ class GenerateResult:
     """The serving engine's own record (of the last attempt)."""
     attempts: list[Attempt] = field(default_factory=list)
     decision: Decision | None = None
+    model: str = ""
+    """Fingerprint of the model that served it."""
+    logprobs: list[Any] = field(default_factory=list)
+    """Each generated token's :class:`~p2pinfer.engines.base.TokenLogprob`, when asked for."""
 
     def as_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("record", "attempts", "decision")}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("record", "attempts", "decision", "logprobs")}
         out["record"] = asdict(self.record)
         out["attempts"] = [a.as_dict() for a in self.attempts]
         out["decision"] = self.decision.as_dict() if self.decision else None

@@ -14,7 +14,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import replace
+import json
 import logging
+import random
 import secrets
 import time
 from typing import Any
@@ -34,17 +36,28 @@ from ..core.attempts import (
     ServeHere,
 )
 from ..core.attempts import Done as AttemptDone
+from ..core.attempts import Attempt
 from ..core.policies import Decision
 from ..core.router import Router
-from ..engines.base import Engine, EngineOverloadedError, GenerationParams, GenerationRecord, TokenChunk
+from ..core.swarm_models import SwarmModels
+from ..engines.base import (
+    Engine,
+    EngineError,
+    EngineOverloadedError,
+    GenerationParams,
+    GenerationRecord,
+    InvalidRequestError,
+    PromptTooLongError,
+    TokenChunk,
+)
 from ..net.config import NodeConfig
 from ..net.counters import NodeCounters
 from ..net.forward import DeadlineExceeded, ForwardClient, ForwardFailed
 from ..net.other_models import OtherModels
 from ..net.sanctions import PeerSanctions
-from ..net.wire import Done, RemoteError, encode_request, fingerprint_in_message
+from ..net.wire import ChatLine, Done, RemoteError, Request, encode_request, fingerprint_in_message
 from .decisions import DecisionLog, PrefixGroups, prompt_label
-from .results import GenerateResult, NodeError, Prompt, RequestFailed
+from .results import GenerateResult, ModelUnavailable, NodeError, Prompt, RequestFailed, ToolPrompt
 
 __all__ = ["NodeServing"]
 
@@ -61,15 +74,19 @@ class NodeServing:
     forward_client: ForwardClient
     other_models: OtherModels
     sanctions: PeerSanctions
+    swarm_models: SwarmModels
     peer_id: str
     decisions: DecisionLog
     prefix_groups: PrefixGroups
     _nursery: trio.Nursery | None
+    _rng = random.Random()
 
     def tokens_for(self, prompt: Prompt) -> list[int]:
         """Tokenise once, here at the entry node, with the engine's own tokenizer."""
         if isinstance(prompt, str):
             return self.engine.tokenize(prompt)
+        if isinstance(prompt, ToolPrompt):
+            return self.engine.chat_tokens(list(prompt.messages), tools=list(prompt.tools))
         items = list(prompt)
         if items and all(isinstance(m, Mapping) for m in items):
             return self.engine.chat_tokens(items)  # type: ignore[arg-type]
@@ -84,20 +101,30 @@ class NodeServing:
         *,
         prefer: str | None = None,
         timeout_s: float | None = None,
+        model: str | None = None,
         **overrides: Any,
     ) -> AsyncIterator[TokenChunk | GenerateResult]:
         """Stream :class:`TokenChunk` items, then one :class:`GenerateResult`.
 
         ``prefer`` (a peer id, or ``"local"``) is tried first, before the
-        policy's ranking. Raises ``InvalidRequestError`` for a bad request,
-        :class:`RequestFailed` when nobody could serve it and
-        :class:`DeadlineExceeded` after ``timeout_s``. Close the iterator
-        (``contextlib.aclosing``) to abandon a request: the serving peer's
-        stream is reset and its engine freed.
+        policy's ranking. ``model``: the fingerprint of the model to run
+        (default: this node's); for another model the request is delegated
+        to a node that serves it (:meth:`_generate_elsewhere`). Raises
+        ``InvalidRequestError`` for a bad request, :class:`RequestFailed`
+        when nobody could serve it, :class:`ModelUnavailable` when no node
+        serves ``model`` now, and :class:`DeadlineExceeded` after
+        ``timeout_s``. Close the iterator (``contextlib.aclosing``) to
+        abandon a request: the serving peer's stream is reset and its engine
+        freed.
         """
         if self._nursery is None:
             raise NodeError("the node is not running (use `async with Node(...)`)")
         params = replace(params or GenerationParams(), **overrides)
+        if model is not None and model != self.router.fingerprint_hex:
+            async with aclosing(self._generate_elsewhere(model, prompt, params, timeout_s)) as items:
+                async for item in items:
+                    yield item
+            return
         tokens = self.tokens_for(prompt)
         self.engine.validate_tokens(tokens, params)
         self.counters.requests += 1
@@ -108,6 +135,7 @@ class NodeServing:
         life = self.new_attempts(decision, tokens, hashes, params.max_tokens, prefer)
         out: list[int] = []
         text: list[str] = []
+        logprobs: list[Any] = []
         ttft: float | None = None
         record: GenerationRecord | None = None
         actions = deque(life.start())
@@ -156,6 +184,7 @@ class NodeServing:
                                 ttft = time.perf_counter() - t0
                             out.extend(item.token_ids)
                             text.append(item.text)
+                            logprobs.extend(item.logprobs)
                             generated += len(item.token_ids)
                             yield item
                         elif isinstance(item, Done):
@@ -217,6 +246,8 @@ class NodeServing:
             record=record,
             attempts=attempts,
             decision=decision,
+            model=self.router.fingerprint_hex,
+            logprobs=logprobs,
         )
 
     async def complete(self, prompt: Prompt, params: GenerationParams | None = None, **kwargs: Any) -> GenerateResult:
@@ -263,6 +294,123 @@ class NodeServing:
         except Exception:  # noqa: BLE001 - a label is cosmetic
             return f"{len(head)} tokens"
 
+    async def _generate_elsewhere(
+        self, fingerprint: str, prompt: Prompt, params: GenerationParams, timeout_s: float | None
+    ) -> AsyncIterator[TokenChunk | GenerateResult]:
+        """A request for a model this node does not serve: forward only.
+
+        This node cannot tokenise for that model, so it sends the text (or
+        the chat messages) to one of the model's nodes
+        (:meth:`SwarmModels.delegates`), which routes it by prefix among its
+        model's nodes as if it had entered there. No local fallback; a
+        delegate that fails before its first token is replaced by the next.
+        """
+        params.validate()
+        alias = self.swarm_models.alias_of(fingerprint)
+        text, messages = _delegated_prompt(prompt)
+        self.counters.requests += 1
+        t0 = time.perf_counter()
+        deadline = trio.current_time() + (timeout_s or self.config.request_timeout_s)
+        request_id = secrets.token_bytes(16)
+        limit = self.router.config.max_attempts
+        peers = self.swarm_models.delegates(fingerprint, time.monotonic(), self._rng, limit)
+        if not peers:
+            self.counters.requests_failed += 1
+            raise ModelUnavailable(f"no node of the swarm serves model {alias!r} (fingerprint {fingerprint}) right now")
+        attempts: list[Attempt] = []
+        out: list[int] = []
+        text_out: list[str] = []
+        logprobs: list[Any] = []
+        ttft: float | None = None
+        for peer in peers:
+            attempt = Attempt(peer, False, 0)
+            attempts.append(attempt)
+            wire = encode_request(
+                request_id=request_id, tokens=(), params=params, hops=1,
+                deadline_ms=int(max(0.0, deadline - trio.current_time()) * 1000) or 1,
+                fingerprint=fingerprint, predicted_match_tokens=0, origin=self.peer_id,
+                prompt_text=text, messages=messages, tools_json=params_tools_json(prompt),
+            )
+            done: Done | None = None
+            try:
+                async with aclosing(self.forward_client.stream(peer, wire, deadline=deadline)) as items:
+                    async for item in items:
+                        if isinstance(item, TokenChunk):
+                            if ttft is None:
+                                ttft = time.perf_counter() - t0
+                            out.extend(item.token_ids)
+                            text_out.append(item.text)
+                            logprobs.extend(item.logprobs)
+                            attempt.generated_tokens += len(item.token_ids)
+                            yield item
+                        else:
+                            done = item
+            except RemoteError as exc:
+                attempt.outcome, attempt.message = exc.code, exc.message
+                self.counters.refusals_received[exc.code] += 1
+                if exc.code == "BAD_REQUEST":
+                    raise InvalidRequestError(f"{alias}: {exc.message}") from None
+                if exc.code == "TOO_LARGE":
+                    raise PromptTooLongError(f"{alias}: {exc.message}") from None
+                if exc.code == "DEADLINE":
+                    raise DeadlineExceeded(exc.message) from None
+                if exc.code == "BUSY":
+                    self.swarm_models.mark_busy(peer, time.monotonic(), self.router.config.busy_backoff_s)
+                elif exc.code == "MODEL_MISMATCH":
+                    self.swarm_models.forget(peer)
+            except ForwardFailed as exc:
+                attempt.outcome, attempt.message = "failed", str(exc)
+                self.counters.forward_failures += 1
+                self.swarm_models.forget(peer)
+            if done is None:
+                if out:  # the text is the delegate's to continue; nobody else holds its tokens
+                    self.counters.requests_failed += 1
+                    raise RequestFailed(f"the node serving model {alias!r} was lost mid-answer: {attempt.message}", attempts)
+                self.counters.fallbacks += 1
+                continue
+            record = done.record
+            attempt.outcome, attempt.reused_tokens = "done", record.reused_tokens
+            self.counters.served_remote += 1
+            total = time.perf_counter() - t0
+            reason = f"model {alias!r} is not served here; delegated to {peer[:12]}, which routes among its model's nodes"
+            if len(attempts) > 1:
+                reason += "; after " + ", ".join(f"{a.target[:12]} {a.outcome}" for a in attempts[:-1])
+            yield GenerateResult(
+                request_id=request_id.hex(), served_by=done.served_by or peer, served_locally=False,
+                hops=1 if (done.served_by or peer) == peer else 2, policy="delegate", reason=reason,
+                predicted_reused_tokens=0, reused_tokens=record.reused_tokens, prompt_tokens=record.prompt_tokens,
+                generated_tokens=len(out), token_ids=out, text="".join(text_out), finish_reason=record.finish_reason,
+                ttft_s=ttft if ttft is not None else total, total_s=total, record=record, attempts=attempts,
+                model=fingerprint, logprobs=logprobs,
+            )
+            return
+        self.counters.requests_failed += 1
+        tried = ", ".join(f"{a.target[:12]} {a.outcome} {a.message[:80]}" for a in attempts)
+        if all(a.outcome in ("failed", "MODEL_MISMATCH") for a in attempts):
+            # Every node it was announced on is gone (or runs something else now).
+            raise ModelUnavailable(f"no node of the swarm serves model {alias!r} (fingerprint {fingerprint}) right now: {tried}")
+        raise RequestFailed(f"every node tried for model {alias!r} refused or failed: {tried}", attempts)
+
+    async def serve_delegated(self, req: Request, deadline: float) -> AsyncIterator[TokenChunk | Done]:
+        """A delegated request (``ForwardServer`` calls this): route it as if it entered here."""
+        prompt: Prompt = req.prompt_text or [{"role": m.role, "content": m.content} for m in req.messages]
+        tools = _tools_from_json(req.tools_json) if req.tools_json else None
+        if tools is not None:
+            prompt = ToolPrompt(prompt, tools)  # type: ignore[arg-type]
+        try:
+            async with aclosing(self.generate(prompt, req.params, timeout_s=max(0.001, deadline - trio.current_time()))) as items:
+                async for item in items:
+                    if isinstance(item, GenerateResult):
+                        yield Done(item.record, item.served_by)
+                    else:
+                        yield item
+        except RequestFailed as exc:
+            if any(a.outcome == "BUSY" for a in exc.attempts):
+                raise EngineOverloadedError(str(exc)) from None
+            raise EngineError(str(exc)) from None
+        except NodeError as exc:
+            raise InvalidRequestError(str(exc)) from None
+
     def new_attempts(
         self, decision: Decision, tokens: list[int], hashes: Sequence[int], max_tokens: int, prefer: str | None = None
     ) -> RequestAttempts:
@@ -306,3 +454,36 @@ class NodeServing:
                 await items.aclose()
             finally:
                 self.router.end_serving(in_service)
+
+
+def _delegated_prompt(prompt: Prompt) -> tuple[str, tuple[ChatLine, ...]]:
+    """What a delegated request carries: text or messages (token ids are the serving model's)."""
+    if isinstance(prompt, ToolPrompt):
+        prompt = prompt.messages
+    if isinstance(prompt, str):
+        return prompt, ()
+    items = list(prompt)
+    if items and all(isinstance(m, Mapping) for m in items):
+        lines = []
+        for i, m in enumerate(items):
+            role, content = m.get("role"), m.get("content")  # type: ignore[union-attr]
+            if not isinstance(role, str) or not isinstance(content, str):
+                raise InvalidRequestError(f"message {i} needs string 'role' and 'content'")
+            lines.append(ChatLine(role, content))
+        return "", tuple(lines)
+    raise NodeError("token ids cannot be sent for a model this node does not serve (they are that model's tokenizer's); send text or messages")
+
+
+def params_tools_json(prompt: Prompt) -> str:
+    """The ``tools`` a delegated chat request carries for the serving model's template."""
+    return json.dumps(list(prompt.tools), separators=(",", ":")) if isinstance(prompt, ToolPrompt) else ""
+
+
+def _tools_from_json(raw: str) -> list[dict[str, Any]]:
+    try:
+        tools = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError):
+        raise InvalidRequestError("tools_json is not valid JSON") from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise InvalidRequestError("tools_json must be a list of objects")
+    return tools

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from ..core.router import Router
+from ..core.swarm_models import SwarmModels
 from ..engines.base import Engine
 from ..net.config import NodeConfig
 from ..net.counters import NodeCounters
@@ -27,6 +28,7 @@ class NodeStatus:
     forward_server: ForwardServer
     other_models: OtherModels
     sanctions: PeerSanctions
+    swarm_models: SwarmModels
     membership: Any
     host: Any
     _libp2p: Any
@@ -86,6 +88,7 @@ class NodeStatus:
             "gossip_scores": self._gossip_scores(),
             "gossip_mesh_peers": len(self._libp2p.gossipsub.mesh.get(self.topic, ())),
             "other_model_peers": self.other_models.as_dict(),
+            "swarm_models": self.swarm_models.as_dict(now),
             "streams_per_peer": dict(self.forward_server.streams),
             "counters": self.counters.as_dict(),
         }

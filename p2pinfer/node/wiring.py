@@ -18,6 +18,7 @@ import trio
 
 from ..core.attempts import Attempt
 from ..core.router import Router
+from ..core.swarm_models import SwarmModels
 from ..engines.base import Engine
 from ..engines.registry import load_engine
 from ..net.config import NodeConfig
@@ -116,6 +117,7 @@ class Node(NodeServing, NodeStatus):
         from ..net.gossip import GossipService
         from ..net.host import build_stack, digest_topic
         from ..net.membership import Membership
+        from ..net.model_gossip import ModelGossip
         from ..net.pull import PULL_PROTOCOL, DigestPuller
 
         config = self.config
@@ -124,6 +126,8 @@ class Node(NodeServing, NodeStatus):
         host = self._libp2p.host
         self.host = host
         self.other_models = OtherModels(self.router.fingerprint_hex)
+        model_interval = self.router.config.gossip.model_interval_s
+        self.swarm_models = SwarmModels(self.peer_id, self.router.fingerprint_hex, self.engine.model_name, 2.5 * model_interval)
         self.sanctions = PeerSanctions(self._libp2p.gossipsub.scorer, config.router.trust.distrust_s)
 
         self.forward_server = ForwardServer(
@@ -135,6 +139,7 @@ class Node(NodeServing, NodeStatus):
             self_id=self.peer_id,
             is_busy=self.is_busy,
             other_models=self.other_models,
+            delegate=self.serve_delegated,
         )
         self.forward_client = ForwardClient(host=host, config=config, counters=self.counters)
         self.gossip = GossipService(
@@ -150,6 +155,16 @@ class Node(NodeServing, NodeStatus):
             want_pull=self._want_pull,
             sanctions=self.sanctions,
             other_models=self.other_models,
+        )
+        self.model_gossip = ModelGossip(
+            pubsub=self._libp2p.pubsub,
+            models=self.swarm_models,
+            counters=self.counters,
+            self_id=self.peer_id,
+            addrs=self._dial_addrs,
+            interval_s=model_interval,
+            on_heard=lambda peer, addrs: self.membership.learn(peer, addrs),
+            sanctions=self.sanctions,
         )
         self.membership = Membership(
             host=host,
@@ -187,6 +202,7 @@ class Node(NodeServing, NodeStatus):
         stack.push_async_callback(self._close_streams)
         await nursery.start(self.puller.run)
         await nursery.start(self.gossip.run)
+        await nursery.start(self.model_gossip.run)
         await nursery.start(self.membership.run)
         nursery.start_soon(self.forward_client.run_janitor)
         nursery.start_soon(self.sanctions.run)

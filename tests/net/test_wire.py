@@ -68,8 +68,8 @@ def test_request_round_trip():
         (request(tokens=[1] * 101), "TOO_LARGE", "101 prompt tokens"),
         (request(request_id=b""), "BAD_REQUEST", "request_id"),
         (request(resumed_tokens=9), "BAD_REQUEST", "resumed_tokens"),
-        (pb.GenerateRequest(version=2).SerializeToString(), "BAD_REQUEST", "version 2"),
-        (pb.GenerateRequest(version=1, request_id=b"x", hops=1, model_fingerprint=FP).SerializeToString(), "BAD_REQUEST", "parameters are missing"),
+        (pb.GenerateRequest(version=1).SerializeToString(), "BAD_REQUEST", "version 1; this node speaks 2"),
+        (pb.GenerateRequest(version=2, request_id=b"x", hops=1, model_fingerprint=FP).SerializeToString(), "BAD_REQUEST", "parameters are missing"),
     ],
 )
 def test_bad_requests_get_the_right_code(data, code, words):
@@ -102,14 +102,14 @@ def test_response_round_trip():
 
 
 def test_lying_final_records_are_rejected():
-    bad = pb.GenerateResponse(version=1, done=pb.GenerateDone(prompt_tokens=4, reused_tokens=9, finish_reason="stop"))
+    bad = pb.GenerateResponse(version=2, done=pb.GenerateDone(prompt_tokens=4, reused_tokens=9, finish_reason="stop"))
     with pytest.raises(WireError, match="reused_tokens"):
         decode_response(bad.SerializeToString())
-    bad = pb.GenerateResponse(version=1, done=pb.GenerateDone(ttft_s=float("inf"), finish_reason="stop"))
+    bad = pb.GenerateResponse(version=2, done=pb.GenerateDone(ttft_s=float("inf"), finish_reason="stop"))
     with pytest.raises(WireError, match="timings"):
         decode_response(bad.SerializeToString())
     with pytest.raises(WireError, match="empty"):
-        decode_response(pb.GenerateResponse(version=1).SerializeToString())
+        decode_response(pb.GenerateResponse(version=2).SerializeToString())
 
 
 def digest(node=PEER, fp=FP, version=3):

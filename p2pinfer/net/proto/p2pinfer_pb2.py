@@ -24,35 +24,43 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0ep2pinfer.proto\x12\x0bp2pinfer.v1\"\x87\x01\n\x10GenerationParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x10\n\x08has_seed\x18\x05 \x01(\x08\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x0c\n\x04stop\x18\x07 \x03(\t\"\xfe\x01\n\x0fGenerateRequest\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\x0c\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12-\n\x06params\x18\x04 \x01(\x0b\x32\x1d.p2pinfer.v1.GenerationParams\x12\x0c\n\x04hops\x18\x05 \x01(\r\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x06 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x07 \x01(\t\x12\x1e\n\x16predicted_match_tokens\x18\x08 \x01(\r\x12\x0e\n\x06origin\x18\t \x01(\t\x12\x16\n\x0eresumed_tokens\x18\n \x01(\r\"-\n\nTokenChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\"\xb2\x01\n\x0cGenerateDone\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rreused_tokens\x18\x02 \x01(\r\x12\x18\n\x10generated_tokens\x18\x03 \x01(\r\x12\x0e\n\x06ttft_s\x18\x04 \x01(\x01\x12\x0f\n\x07total_s\x18\x05 \x01(\x01\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x0f\n\x07queue_s\x18\x07 \x01(\x01\x12\x11\n\tserved_by\x18\x08 \x01(\t\">\n\x05\x45rror\x12$\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x16.p2pinfer.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xa5\x01\n\x10GenerateResponse\x12\x0f\n\x07version\x18\x01 \x01(\r\x12(\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x17.p2pinfer.v1.TokenChunkH\x00\x12)\n\x04\x64one\x18\x03 \x01(\x0b\x32\x19.p2pinfer.v1.GenerateDoneH\x00\x12#\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x12.p2pinfer.v1.ErrorH\x00\x42\x06\n\x04\x62ody\",\n\nPeerRecord\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\r\n\x05\x61\x64\x64rs\x18\x02 \x03(\t\"R\n\x11\x44igestPullRequest\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x02 \x01(\t\x12\x11\n\tmax_peers\x18\x03 \x01(\r\"\xa7\x01\n\x12\x44igestPullResponse\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\x12%\n\x04load\x18\x03 \x01(\x0b\x32\x17.p2pinfer.v1.LoadReport\x12&\n\x05peers\x18\x04 \x03(\x0b\x32\x17.p2pinfer.v1.PeerRecord\x12!\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x12.p2pinfer.v1.Error\"\xd2\x01\n\nLoadReport\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x02 \x01(\t\x12\x1d\n\x15queued_prefill_tokens\x18\x03 \x01(\r\x12\x1c\n\x14prefill_ms_per_token\x18\x04 \x01(\x02\x12\x17\n\x0f\x61\x63tive_requests\x18\x05 \x01(\r\x12\x0c\n\x04\x62usy\x18\x06 \x01(\x08\x12\r\n\x05\x65poch\x18\x07 \x01(\x04\x12\x16\n\x0e\x64igest_version\x18\x08 \x01(\x04\x12\r\n\x05\x61\x64\x64rs\x18\t \x03(\t\"c\n\rGossipMessage\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x10\n\x06\x64igest\x18\x02 \x01(\x0cH\x00\x12\'\n\x04load\x18\x03 \x01(\x0b\x32\x17.p2pinfer.v1.LoadReportH\x00\x42\x06\n\x04\x62ody*\x8b\x01\n\tErrorCode\x12\x15\n\x11\x45RROR_UNSPECIFIED\x10\x00\x12\x08\n\x04\x42USY\x10\x01\x12\x12\n\x0eMODEL_MISMATCH\x10\x02\x12\r\n\tTOO_LARGE\x10\x03\x12\x0c\n\x08\x44\x45\x41\x44LINE\x10\x04\x12\x0c\n\x08INTERNAL\x10\x05\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x06\x12\r\n\tHOP_LIMIT\x10\x07\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0ep2pinfer.proto\x12\x0bp2pinfer.v1\"\x91\x02\n\x10GenerationParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x10\n\x08has_seed\x18\x05 \x01(\x08\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x18\n\x10presence_penalty\x18\x08 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\t \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\n \x01(\x02\x12\x0f\n\x07grammar\x18\x0b \x01(\t\x12\x10\n\x08logprobs\x18\x0c \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\r \x01(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xd3\x02\n\x0fGenerateRequest\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\x0c\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12-\n\x06params\x18\x04 \x01(\x0b\x32\x1d.p2pinfer.v1.GenerationParams\x12\x0c\n\x04hops\x18\x05 \x01(\r\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x06 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x07 \x01(\t\x12\x1e\n\x16predicted_match_tokens\x18\x08 \x01(\r\x12\x0e\n\x06origin\x18\t \x01(\t\x12\x16\n\x0eresumed_tokens\x18\n \x01(\r\x12\x13\n\x0bprompt_text\x18\x0b \x01(\t\x12*\n\x08messages\x18\x0c \x03(\x0b\x32\x18.p2pinfer.v1.ChatMessage\x12\x12\n\ntools_json\x18\r \x01(\t\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05piece\x18\x02 \x01(\x0c\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"f\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05piece\x18\x02 \x01(\x0c\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12$\n\x03top\x18\x04 \x03(\x0b\x32\x17.p2pinfer.v1.TopLogprob\"Z\n\nTokenChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\x08logprobs\x18\x03 \x03(\x0b\x32\x19.p2pinfer.v1.TokenLogprob\"\xb2\x01\n\x0cGenerateDone\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rreused_tokens\x18\x02 \x01(\r\x12\x18\n\x10generated_tokens\x18\x03 \x01(\r\x12\x0e\n\x06ttft_s\x18\x04 \x01(\x01\x12\x0f\n\x07total_s\x18\x05 \x01(\x01\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x0f\n\x07queue_s\x18\x07 \x01(\x01\x12\x11\n\tserved_by\x18\x08 \x01(\t\">\n\x05\x45rror\x12$\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x16.p2pinfer.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xa5\x01\n\x10GenerateResponse\x12\x0f\n\x07version\x18\x01 \x01(\r\x12(\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x17.p2pinfer.v1.TokenChunkH\x00\x12)\n\x04\x64one\x18\x03 \x01(\x0b\x32\x19.p2pinfer.v1.GenerateDoneH\x00\x12#\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x12.p2pinfer.v1.ErrorH\x00\x42\x06\n\x04\x62ody\",\n\nPeerRecord\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\r\n\x05\x61\x64\x64rs\x18\x02 \x03(\t\"R\n\x11\x44igestPullRequest\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x02 \x01(\t\x12\x11\n\tmax_peers\x18\x03 \x01(\r\"\xa7\x01\n\x12\x44igestPullResponse\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\x12%\n\x04load\x18\x03 \x01(\x0b\x32\x17.p2pinfer.v1.LoadReport\x12&\n\x05peers\x18\x04 \x03(\x0b\x32\x17.p2pinfer.v1.PeerRecord\x12!\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x12.p2pinfer.v1.Error\"\xd2\x01\n\nLoadReport\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x02 \x01(\t\x12\x1d\n\x15queued_prefill_tokens\x18\x03 \x01(\r\x12\x1c\n\x14prefill_ms_per_token\x18\x04 \x01(\x02\x12\x17\n\x0f\x61\x63tive_requests\x18\x05 \x01(\r\x12\x0c\n\x04\x62usy\x18\x06 \x01(\x08\x12\r\n\x05\x65poch\x18\x07 \x01(\x04\x12\x16\n\x0e\x64igest_version\x18\x08 \x01(\x04\x12\r\n\x05\x61\x64\x64rs\x18\t \x03(\t\"c\n\rGossipMessage\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x10\n\x06\x64igest\x18\x02 \x01(\x0cH\x00\x12\'\n\x04load\x18\x03 \x01(\x0b\x32\x17.p2pinfer.v1.LoadReportH\x00\x42\x06\n\x04\x62ody\"t\n\x11ModelAnnouncement\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x03 \x01(\t\x12\x13\n\x0bmodel_alias\x18\x04 \x01(\t\x12\r\n\x05\x61\x64\x64rs\x18\x05 \x03(\t*\x8b\x01\n\tErrorCode\x12\x15\n\x11\x45RROR_UNSPECIFIED\x10\x00\x12\x08\n\x04\x42USY\x10\x01\x12\x12\n\x0eMODEL_MISMATCH\x10\x02\x12\r\n\tTOO_LARGE\x10\x03\x12\x0c\n\x08\x44\x45\x41\x44LINE\x10\x04\x12\x0c\n\x08INTERNAL\x10\x05\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x06\x12\r\n\tHOP_LIMIT\x10\x07\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'p2pinfer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ERRORCODE']._serialized_start=1501
-  _globals['_ERRORCODE']._serialized_end=1640
+  _globals['_ERRORCODE']._serialized_start=2101
+  _globals['_ERRORCODE']._serialized_end=2240
   _globals['_GENERATIONPARAMS']._serialized_start=32
-  _globals['_GENERATIONPARAMS']._serialized_end=167
-  _globals['_GENERATEREQUEST']._serialized_start=170
-  _globals['_GENERATEREQUEST']._serialized_end=424
-  _globals['_TOKENCHUNK']._serialized_start=426
-  _globals['_TOKENCHUNK']._serialized_end=471
-  _globals['_GENERATEDONE']._serialized_start=474
-  _globals['_GENERATEDONE']._serialized_end=652
-  _globals['_ERROR']._serialized_start=654
-  _globals['_ERROR']._serialized_end=716
-  _globals['_GENERATERESPONSE']._serialized_start=719
-  _globals['_GENERATERESPONSE']._serialized_end=884
-  _globals['_PEERRECORD']._serialized_start=886
-  _globals['_PEERRECORD']._serialized_end=930
-  _globals['_DIGESTPULLREQUEST']._serialized_start=932
-  _globals['_DIGESTPULLREQUEST']._serialized_end=1014
-  _globals['_DIGESTPULLRESPONSE']._serialized_start=1017
-  _globals['_DIGESTPULLRESPONSE']._serialized_end=1184
-  _globals['_LOADREPORT']._serialized_start=1187
-  _globals['_LOADREPORT']._serialized_end=1397
-  _globals['_GOSSIPMESSAGE']._serialized_start=1399
-  _globals['_GOSSIPMESSAGE']._serialized_end=1498
+  _globals['_GENERATIONPARAMS']._serialized_end=305
+  _globals['_CHATMESSAGE']._serialized_start=307
+  _globals['_CHATMESSAGE']._serialized_end=351
+  _globals['_GENERATEREQUEST']._serialized_start=354
+  _globals['_GENERATEREQUEST']._serialized_end=693
+  _globals['_TOPLOGPROB']._serialized_start=695
+  _globals['_TOPLOGPROB']._serialized_end=757
+  _globals['_TOKENLOGPROB']._serialized_start=759
+  _globals['_TOKENLOGPROB']._serialized_end=861
+  _globals['_TOKENCHUNK']._serialized_start=863
+  _globals['_TOKENCHUNK']._serialized_end=953
+  _globals['_GENERATEDONE']._serialized_start=956
+  _globals['_GENERATEDONE']._serialized_end=1134
+  _globals['_ERROR']._serialized_start=1136
+  _globals['_ERROR']._serialized_end=1198
+  _globals['_GENERATERESPONSE']._serialized_start=1201
+  _globals['_GENERATERESPONSE']._serialized_end=1366
+  _globals['_PEERRECORD']._serialized_start=1368
+  _globals['_PEERRECORD']._serialized_end=1412
+  _globals['_DIGESTPULLREQUEST']._serialized_start=1414
+  _globals['_DIGESTPULLREQUEST']._serialized_end=1496
+  _globals['_DIGESTPULLRESPONSE']._serialized_start=1499
+  _globals['_DIGESTPULLRESPONSE']._serialized_end=1666
+  _globals['_LOADREPORT']._serialized_start=1669
+  _globals['_LOADREPORT']._serialized_end=1879
+  _globals['_GOSSIPMESSAGE']._serialized_start=1881
+  _globals['_GOSSIPMESSAGE']._serialized_end=1980
+  _globals['_MODELANNOUNCEMENT']._serialized_start=1982
+  _globals['_MODELANNOUNCEMENT']._serialized_end=2098
 # @@protoc_insertion_point(module_scope)

@@ -27,7 +27,7 @@ BAD_REQUEST: ErrorCode
 HOP_LIMIT: ErrorCode
 
 class GenerationParams(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "has_seed", "seed", "stop")
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "has_seed", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "grammar", "logprobs", "top_logprobs")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,12 @@ class GenerationParams(_message.Message):
     HAS_SEED_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_p: float
@@ -42,10 +48,24 @@ class GenerationParams(_message.Message):
     has_seed: bool
     seed: int
     stop: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    grammar: str
+    logprobs: bool
+    top_logprobs: int
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., grammar: _Optional[str] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("version", "request_id", "token_ids", "params", "hops", "deadline_ms", "model_fingerprint", "predicted_match_tokens", "origin", "resumed_tokens")
+    __slots__ = ("version", "request_id", "token_ids", "params", "hops", "deadline_ms", "model_fingerprint", "predicted_match_tokens", "origin", "resumed_tokens", "prompt_text", "messages", "tools_json")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +76,9 @@ class GenerateRequest(_message.Message):
     PREDICTED_MATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     RESUMED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
     version: int
     request_id: bytes
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -66,15 +89,42 @@ class GenerateRequest(_message.Message):
     predicted_match_tokens: int
     origin: str
     resumed_tokens: int
-    def __init__(self, version: _Optional[int] = ..., request_id: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[GenerationParams, _Mapping]] = ..., hops: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., predicted_match_tokens: _Optional[int] = ..., origin: _Optional[str] = ..., resumed_tokens: _Optional[int] = ...) -> None: ...
+    prompt_text: str
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    tools_json: str
+    def __init__(self, version: _Optional[int] = ..., request_id: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[GenerationParams, _Mapping]] = ..., hops: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., predicted_match_tokens: _Optional[int] = ..., origin: _Optional[str] = ..., resumed_tokens: _Optional[int] = ..., prompt_text: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools_json: _Optional[str] = ...) -> None: ...
+
+class TopLogprob(_message.Message):
+    __slots__ = ("token_id", "piece", "logprob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    PIECE_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    piece: bytes
+    logprob: float
+    def __init__(self, token_id: _Optional[int] = ..., piece: _Optional[bytes] = ..., logprob: _Optional[float] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token_id", "piece", "logprob", "top")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    PIECE_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    piece: bytes
+    logprob: float
+    top: _containers.RepeatedCompositeFieldContainer[TopLogprob]
+    def __init__(self, token_id: _Optional[int] = ..., piece: _Optional[bytes] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
-    __slots__ = ("token_ids", "text")
+    __slots__ = ("token_ids", "text", "logprobs")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class GenerateDone(_message.Message):
     __slots__ = ("prompt_tokens", "reused_tokens", "generated_tokens", "ttft_s", "total_s", "finish_reason", "queue_s", "served_by")
@@ -179,3 +229,17 @@ class GossipMessage(_message.Message):
     digest: bytes
     load: LoadReport
     def __init__(self, version: _Optional[int] = ..., digest: _Optional[bytes] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ...) -> None: ...
+
+class ModelAnnouncement(_message.Message):
+    __slots__ = ("version", "node_id", "model_fingerprint", "model_alias", "addrs")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ALIAS_FIELD_NUMBER: _ClassVar[int]
+    ADDRS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    node_id: str
+    model_fingerprint: str
+    model_alias: str
+    addrs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[int] = ..., node_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_alias: _Optional[str] = ..., addrs: _Optional[_Iterable[str]] = ...) -> None: ...
