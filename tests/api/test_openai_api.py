@@ -72,6 +72,8 @@ async def test_completion_streaming_with_openai_client(api: Api) -> None:
 async def test_models_lists_the_model(api: Api) -> None:
     models = await trio.to_thread.run_sync(lambda: client(api).models.list())
     assert [m.id for m in models.data] == [api.node.engine.model_name]
+    facts = models.data[0].model_extra["p2pinfer"]  # type: ignore[index]
+    assert facts == {"fingerprint": api.node.router.fingerprint_hex, "nodes": 1, "served_here": True, "engine": "simulated"}
 
 
 @pytest.mark.parametrize(
@@ -87,6 +89,12 @@ async def test_models_lists_the_model(api: Api) -> None:
         (b'{"prompt": "x", "model": "gpt-9"}', 404, "model"),
         (b'{"prompt": "x", "max_tokens": 8192}', 413, "prompt"),
         (b'{"prompt": "\\ud800"}', 400, "prompt"),
+        (b'{"prompt": "x", "guided_json": {}}', 400, "guided_json"),
+        (b'{"prompt": "x", "echo": true}', 400, "echo"),
+        (b'{"prompt": "x", "presence_penalty": 3}', 400, "presence_penalty"),
+        (b'{"prompt": "x", "repetition_penalty": 0}', 400, "repetition_penalty"),
+        (b'{"prompt": "x", "stream_options": {"include_usage": true}}', 400, "stream_options"),
+        (b'{"prompt": "x", "tools": []}', 400, "tools"),
     ],
 )
 async def test_bad_requests_get_openai_errors(api: Api, body: bytes, status: int, param: str | None) -> None:
@@ -129,3 +137,10 @@ async def test_saturated_node_answers_503_with_retry_after(api: Api) -> None:
     )
     assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
     assert r.json()["error"]["code"] == "overloaded"
+
+
+async def test_a_field_the_engine_cannot_honour_is_refused_not_ignored(api: Api) -> None:
+    # The simulated engine's tokens come from a cost model: penalties and logprobs mean nothing there.
+    for body in ({"prompt": "x", "frequency_penalty": 1.0}, {"prompt": "x", "logprobs": 1}):
+        r = await trio.to_thread.run_sync(lambda: httpx.post(api.base_url + "/v1/completions", json=body))
+        assert r.status_code == 400 and "cannot honour" in r.json()["error"]["message"], r.text

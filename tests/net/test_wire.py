@@ -7,10 +7,11 @@ import pytest
 
 from p2pinfer.core.digest import Digest, encode_digest
 from p2pinfer.core.peers import Load
-from p2pinfer.engines.base import GenerationParams, GenerationRecord, TokenChunk
+from p2pinfer.engines.base import GenerationParams, GenerationRecord, TokenChunk, TokenLogprob
 from p2pinfer.net.proto import p2pinfer_pb2 as pb
 from p2pinfer.net.wire import (
     GOSSIP_MAX_BYTES,
+    ChatLine,
     Done,
     GossipRejected,
     LoadInfo,
@@ -183,3 +184,42 @@ def test_pull_response_accepts_only_the_responders_own_digest():
     with pytest.raises(RemoteError) as info:
         decode_pull_response(encode_pull_error("MODEL_MISMATCH", "other model"), sender=PEER, fingerprint=FP)
     assert info.value.code == "MODEL_MISMATCH"
+
+
+def test_version_2_fields_round_trip():
+    params = GenerationParams(max_tokens=5, presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.3,
+                              grammar='root ::= "a"', logprobs=True, top_logprobs=3, seed=9)
+    req = decode_request(request(params=params), fingerprint=FP, max_hops=1, max_tokens=100)
+    assert req.params == params and not req.delegated
+
+
+def test_delegated_request_carries_text_or_messages_and_tools():
+    text = decode_request(request(tokens=(), prompt_text="hello"), fingerprint=FP, max_hops=1, max_tokens=100)
+    assert text.delegated and text.prompt_text == "hello" and text.tokens == []
+    chat = decode_request(
+        request(tokens=(), messages=(ChatLine("user", "hi"),), tools_json='[{"type":"function"}]'),
+        fingerprint=FP, max_hops=1, max_tokens=100,
+    )
+    assert chat.messages == (ChatLine("user", "hi"),) and chat.tools_json.startswith("[")
+    for fields, words in [
+        (dict(prompt_text="x"), "exactly one of"),  # tokens and text
+        (dict(tokens=()), "exactly one of"),  # nothing at all
+        (dict(tokens=(), prompt_text="x", tools_json="[]"), "tools_json needs messages"),
+    ]:
+        with pytest.raises(WireError) as info:
+            decode_request(request(**fields), fingerprint=FP, max_hops=1, max_tokens=100)
+        assert info.value.code == "BAD_REQUEST" and words in info.value.message
+
+
+def test_logprobs_travel_with_their_chunk_and_are_checked():
+    lp = TokenLogprob(7, b"ab", -0.25, ((7, b"ab", -0.25), (9, b"\xe2", -2.0)))
+    back = decode_response(encode_chunk(TokenChunk((7,), "ab", (lp,))))
+    assert back.logprobs[0].token_id == 7 and back.logprobs[0].top[1][:2] == (9, b"\xe2")
+    assert back.logprobs[0].logprob == pytest.approx(-0.25)
+    for bad in (
+        TokenChunk((7, 8), "ab", (lp,)),  # not one per token
+        TokenChunk((8,), "ab", (lp,)),  # another token's
+        TokenChunk((7,), "ab", (TokenLogprob(7, b"a", 0.5),)),  # a probability above 1
+    ):
+        with pytest.raises(WireError):
+            decode_response(encode_chunk(bad))
