@@ -9,6 +9,8 @@ another fingerprint) is dropped from the view and never routed to.
 
 The operator hears of each such peer once, with the reason: a swarm where
 half the volunteers run another template would otherwise fill the log.
+Requests *for* that peer's model still reach it: the swarm's model table
+(:mod:`p2pinfer.core.swarm_models`, fed by model announcements) is separate.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ class OtherModels:
         self._logged.add(key)
         log.warning(
             "peer %s runs another model (fingerprint %s; ours is %s), seen in %s: "
-            "its digests are ignored and no request is routed to it",
+            "its digests are ignored and no request for our model is routed to it "
+            "(requests for its model are, through the swarm's model table)",
             peer_id, fp, self.own, where,
         )
         return True
