@@ -114,6 +114,13 @@ def test_tools_return_tool_calls_with_arguments_valid_against_the_schema(swarm) 
     assert len(deltas) == 1 and deltas[0][0].function.name == "get_weather"
     jsonschema.validate(json.loads(deltas[0][0].function.arguments), SCHEMA)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # `auto`: the grammar allows a call or text that does not start like one; either way it is well formed.
+    auto = ca.chat.completions.create(model="default", messages=messages, max_tokens=40, temperature=0, tools=TOOLS)
+    if auto.choices[0].message.tool_calls:
+        assert auto.choices[0].finish_reason == "tool_calls"
+        jsonschema.validate(json.loads(auto.choices[0].message.tool_calls[0].function.arguments), SCHEMA)
+    else:
+        assert auto.choices[0].message.content and not auto.choices[0].message.content.startswith("{")
     # A conversation that continues after the call: the call and its result are history.
     follow = ca.chat.completions.create(model="default", max_tokens=8, temperature=0, tools=TOOLS, tool_choice="none", messages=[
         *messages,
