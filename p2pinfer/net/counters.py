@@ -63,7 +63,7 @@ class NodeCounters:
     """libp2p pings sent to measure round-trip times."""
     pubsub_rpcs_sent: Counter[str] = field(default_factory=Counter)
     """Pubsub RPCs this node wrote, by what they carry (``publish load``,
-    ``publish digest``, ``ihave``, ``iwant``, ``graft``, ``prune``, ``idontwant``,
+    ``publish digest``, ``publish model`` (an announcement on /p2pinfer/models/1), ``ihave``, ``iwant``, ``graft``, ``prune``, ``idontwant``,
     ``subscriptions``; an RPC carrying several kinds counts once for each):
     relayed copies and gossipsub control traffic included."""
     pubsub_bytes_sent: Counter[str] = field(default_factory=Counter)

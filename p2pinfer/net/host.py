@@ -131,7 +131,7 @@ def _publish_kind(data: bytes) -> str:
 
 def rpc_kinds(rpc: rpc_pb2.RPC) -> list[str]:
     """What one pubsub RPC carries: a kind per published message, per control part."""
-    kinds = [_publish_kind(msg.data) for msg in rpc.publish]
+    kinds = ["publish model" if "/p2pinfer/models/1" in msg.topicIDs else _publish_kind(msg.data) for msg in rpc.publish]
     if rpc.subscriptions:
         kinds.append("subscriptions")
     if rpc.HasField("control"):
