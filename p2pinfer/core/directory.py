@@ -37,10 +37,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+import hashlib
 import math
 import struct
 from typing import Any
 
+import base58
 import cbor2
 import xxhash
 
@@ -60,6 +62,13 @@ __all__ = [
     "Answer",
     "AnswerHolder",
     "AnchorUpdate",
+    "KademliaPlacement",
+    "PLACEMENTS",
+    "REFUSAL_CODES",
+    "Refusal",
+    "anchor_key",
+    "kademlia_distance",
+    "make_placement",
     "DirectoryConfig",
     "DirectoryError",
     "DirectoryStore",
@@ -128,6 +137,12 @@ class DirectoryConfig:
     query_tail: int = 16
     """Blocks at the end of a query sent densely: where requests that share a
     prefix usually part (the new question, the new turn)."""
+    placement: str = "rendezvous"
+    """Who owns an anchor: ``kademlia``, the peers closest to its key in
+    py-libp2p's KadDHT keyspace (:class:`KademliaPlacement`, what the live
+    node runs: ``p2pinfer.net.directory``); ``rendezvous``, highest-random-
+    weight hashing over the membership (:class:`Rendezvous`; the default of
+    the simulator's published directory runs, which predate the live node)."""
 
     def __post_init__(self) -> None:
         if min(self.anchor_blocks, self.replicas, self.query_stride, self.query_tail, self.query_attempts) < 1:
@@ -138,6 +153,8 @@ class DirectoryConfig:
             raise ValueError("intervals and timeouts must be > 0")
         if self.refresh not in ("full", "checksum"):
             raise ValueError("refresh must be full or checksum")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}")
 
 
 def anchor_of(block_hashes: Sequence[int], anchor_blocks: int) -> int | None:
@@ -205,8 +222,12 @@ class Rendezvous:
     def members(self) -> list[str]:
         return list(self._members)
 
+    def _weight(self, key: int, member: str) -> int:
+        """Higher is a better owner of ``key``."""
+        return rendezvous_weight(key, member)
+
     def _compute(self, key: int) -> list[tuple[int, str]]:
-        scored = sorted(((rendezvous_weight(key, m), m) for m in self._members), reverse=True)
+        scored = sorted(((self._weight(key, m), m) for m in self._members), reverse=True)
         return scored[: self.replicas]
 
     def owners(self, key: int) -> list[str]:
@@ -236,7 +257,7 @@ class Rendezvous:
         self._members[member] = None
         changed = []
         for key, best in self._owners.items():
-            w = rendezvous_weight(key, member)
+            w = self._weight(key, member)
             if len(best) < self.replicas or (w, member) > best[-1]:
                 best.append((w, member))
                 best.sort(reverse=True)
@@ -253,6 +274,68 @@ class Rendezvous:
         for key in changed:
             self._owners[key] = self._compute(key)
         return changed
+
+
+_KAD_MAX = (1 << 256) - 1
+ANCHOR_KEY_PREFIX = b"/p2pinfer/anchor/"
+
+
+def anchor_key(anchor: int) -> bytes:
+    """The Kademlia key of an anchor: 25 bytes, within the 2..50 bytes that
+    py-libp2p's FIND_NODE accepts as a key."""
+    return ANCHOR_KEY_PREFIX + anchor.to_bytes(8, "big")
+
+
+def kademlia_member_key(member: str) -> bytes:
+    """A member's place in the Kademlia keyspace: SHA-256 of its peer id's
+    bytes (base58-decoded), as py-libp2p's routing table computes it
+    (``libp2p.kad_dht.routing_table.peer_id_to_key``)."""
+    try:
+        raw = base58.b58decode(member)
+    except ValueError:
+        raw = member.encode()
+    return hashlib.sha256(raw).digest()
+
+
+def kademlia_distance(key: bytes, member: str) -> int:
+    """XOR distance between ``sha256(key)`` and a member, py-libp2p's metric
+    (``libp2p.kad_dht.utils.sort_peer_ids_by_distance``)."""
+    target = int.from_bytes(hashlib.sha256(key).digest(), "big")
+    return target ^ int.from_bytes(kademlia_member_key(member), "big")
+
+
+class KademliaPlacement(Rendezvous):
+    """The owners of an anchor are the members closest to its key in the
+    Kademlia keyspace (XOR of SHA-256s, :func:`kademlia_distance`): the
+    peers a DHT lookup of :func:`anchor_key` converges to. The live node
+    feeds it the peers of py-libp2p's ``KadDHT`` routing table; the simulator
+    feeds it its membership. Same interface and join/leave bookkeeping as
+    :class:`Rendezvous`."""
+
+    def __init__(self, members: Iterable[str] = (), replicas: int = 1) -> None:
+        self._member_keys: dict[str, int] = {}
+        super().__init__(members, replicas)
+
+    def _weight(self, key: int, member: str) -> int:
+        mk = self._member_keys.get(member)
+        if mk is None:
+            mk = self._member_keys[member] = int.from_bytes(kademlia_member_key(member), "big")
+        target = int.from_bytes(hashlib.sha256(anchor_key(key)).digest(), "big")
+        return _KAD_MAX - (target ^ mk)
+
+    def remove(self, member: str) -> list[int]:
+        changed = super().remove(member)
+        self._member_keys.pop(member, None)
+        return changed
+
+
+PLACEMENTS = ("kademlia", "rendezvous")
+
+
+def make_placement(config: DirectoryConfig, members: Iterable[str] = ()) -> Rendezvous:
+    """The placement ``config.placement`` names."""
+    cls = KademliaPlacement if config.placement == "kademlia" else Rendezvous
+    return cls(members, config.replicas)
 
 
 # -- the holder side -------------------------------------------------------------
@@ -440,7 +523,23 @@ class Answer:
     holders: tuple[AnswerHolder, ...]
 
 
-Message = Register | Query | Answer | Resend
+REFUSAL_CODES = ("BAD_REQUEST", "TOO_LARGE", "NOT_HOLDER", "INTERNAL")
+"""Why a directory node refused a message: malformed or unexpected, over the
+size limit, a register naming a holder other than the stream's peer, or its
+own failure."""
+MAX_REFUSAL_TEXT = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Directory -> sender, instead of a reply: the message was refused (``code``
+    one of :data:`REFUSAL_CODES`) and nothing of it was applied."""
+
+    code: str
+    message: str
+
+
+Message = Register | Query | Answer | Resend | Refusal
 
 
 def _pack(hashes: Iterable[int]) -> bytes:
@@ -498,6 +597,10 @@ def encode_message(msg: Message) -> bytes:
             "a": msg.anchor,
             "r": [[h.holder, h.match_blocks, *_load_fields(h.load), round(h.age_s * 1000)] for h in msg.holders],
         }
+    elif isinstance(msg, Refusal):
+        if msg.code not in REFUSAL_CODES:
+            raise ValueError(f"unknown refusal code {msg.code!r}")
+        doc = {"s": DIRECTORY_SCHEMA, "t": "err", "c": msg.code, "m": msg.message[:MAX_REFUSAL_TEXT]}
     else:
         raise TypeError(f"not a directory message: {type(msg).__name__}")
     return cbor2.dumps(doc)
@@ -538,6 +641,7 @@ _KEYS = {
     "resend": {"s", "t", "a"},
     "q": {"s", "t", "a", "d", "i", "w", "b", "h", "p", "k"},
     "ans": {"s", "t", "a", "r"},
+    "err": {"s", "t", "c", "m"},
 }
 
 
@@ -587,6 +691,13 @@ def decode_message(data: bytes) -> Message:
             checked.add(check.anchor)
             checks.append(check)
         return Register(_id(doc["n"], "holder id"), _uint(doc["e"], "epoch"), _load(doc["l"], "load"), tuple(updates), tuple(checks))
+    if kind == "err":
+        code, text = doc["c"], doc["m"]
+        if not isinstance(code, str) or code not in REFUSAL_CODES:
+            raise DirectoryError(f"unknown refusal code {code!r}")
+        if not isinstance(text, str) or len(text) > MAX_REFUSAL_TEXT:
+            raise DirectoryError(f"a refusal's message must be a string of at most {MAX_REFUSAL_TEXT} characters")
+        return Refusal(code, text)
     if kind == "resend":
         return Resend(tuple(sorted(_unpack(doc["a"], "anchors", MAX_REGISTER_ANCHORS))))
     if kind == "q":

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 import random
+from typing import Any
 
 from .blocks import BlockHasher, ModelFingerprint
 from .digest import Digest, DigestTracker, decode_digest, encode_digest
@@ -200,14 +201,27 @@ class Router:
 
     # -- deciding --------------------------------------------------------------
     def route(
-        self, tokens: Sequence[int], local_load: Load, now: float, *, can_serve: bool = True
+        self,
+        tokens: Sequence[int],
+        local_load: Load,
+        now: float,
+        *,
+        can_serve: bool = True,
+        hashes: list[int] | None = None,
+        view: Any = None,
     ) -> tuple[Decision, list[int]]:
-        """Decide where ``tokens`` go; also returns their block hashes."""
-        hashes = self.hasher.hashes(tokens)
+        """Decide where ``tokens`` go; also returns their block hashes.
+
+        ``hashes``: the block hashes when the caller has them already;
+        ``view``: what the policy reads instead of :attr:`view` (a
+        :class:`~p2pinfer.core.directory.DirectoryView` with the prefix
+        directory's answer)."""
+        if hashes is None:
+            hashes = self.hasher.hashes(tokens)
         match = max(self.cache.match(tokens, touch=False), self.in_service_match(hashes))
         local = LocalState(self.node_id, match, local_load, can_serve)
         request = RouteRequest(len(tokens), hashes, self.hasher.block_size)
-        return self.policy.decide(request, local, self.view, now, self.rng), hashes
+        return self.policy.decide(request, local, self.view if view is None else view, now, self.rng), hashes
 
     # -- requests this node serves ----------------------------------------------
     def begin_serving(self, tokens: Sequence[int], *, hashes: list[int] | None = None) -> list[int]:

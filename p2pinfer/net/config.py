@@ -14,9 +14,20 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ..core.directory import DirectoryConfig
 from ..core.router import GossipConfig, RouterConfig, TrustConfig
 
 __all__ = ["NodeConfig", "ConfigError"]
+
+DISCOVERY_MODES = ("gossip", "directory", "auto")
+"""How a node learns who caches what (``NodeConfig.discovery``)."""
+LIVE_DIRECTORY = DirectoryConfig(placement="kademlia", replicas=2, query_timeout_s=1.0)
+"""The live node's directory: KadDHT placement (the only one it runs), two
+owners per anchor (one may die), and a lookup timeout for a loaded machine
+(an answer on loopback takes a few ms; the timeout only bounds a dead owner)."""
+AUTO_DIRECTORY_NODES = 64
+"""``discovery = "auto"``: the swarm size from which a node queries the
+directory and stops gossiping digests (docs/configuration.md says why)."""
 
 MAX_FRAME_BYTES = 1 << 20
 """Default largest forwarding frame: 8,192 token ids take about 40 KB."""
@@ -72,6 +83,14 @@ class NodeConfig:
     """RTT probes of a new peer (or one whose RTT moved, or whose probe failed) this often."""
     rtt_max_interval_s: float = 30.0
     """RTT probes back off, doubling, to this interval while a peer's RTT is stable."""
+    discovery: str = "gossip"
+    """``gossip``: digests of every cache on one topic (every node learns every
+    change); ``directory``: the prefix directory (``/p2pinfer/directory/1.0.0``,
+    KadDHT placement), no digests published; ``auto``: registers with the
+    directory always, gossips digests while the swarm is smaller than
+    ``auto_directory_nodes`` and queries the directory from that size on."""
+    directory: DirectoryConfig = LIVE_DIRECTORY
+    auto_directory_nodes: int = AUTO_DIRECTORY_NODES
 
     def __post_init__(self) -> None:
         if not self.listen:
@@ -91,6 +110,12 @@ class NodeConfig:
         for name in ("request_timeout_s", "stall_timeout_s", "connect_timeout_s", "stream_idle_s", "rtt_interval_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive")
+        if self.discovery not in DISCOVERY_MODES:
+            raise ConfigError(f"discovery must be one of {', '.join(DISCOVERY_MODES)}, not {self.discovery!r}")
+        if self.auto_directory_nodes < 2:
+            raise ConfigError("auto_directory_nodes must be at least 2")
+        if self.directory.placement != "kademlia":
+            raise ConfigError("a live node places anchors by KadDHT only (directory.placement = 'kademlia')")
         if self.rtt_max_interval_s < self.rtt_interval_s:
             raise ConfigError("rtt_max_interval_s must be at least rtt_interval_s")
 
@@ -128,6 +153,11 @@ class NodeConfig:
             if isinstance(r.get("trust"), Mapping):
                 r["trust"] = TrustConfig(**r["trust"])
             kwargs["router"] = RouterConfig(**r)
+        if isinstance(kwargs.get("directory"), Mapping):
+            try:
+                kwargs["directory"] = DirectoryConfig(**kwargs["directory"])
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"directory: {exc}") from None
         if "key_file" in kwargs and isinstance(kwargs["key_file"], Path):
             kwargs["key_file"] = str(kwargs["key_file"])
         return cls(**kwargs)

@@ -43,7 +43,7 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 
 from .origin_rate import OriginRateLimit
-from ..core.digest import Digest
+from ..core.digest import Digest, encode_digest
 from ..core.router import AnnounceSchedule, Router
 from ..engines.base import Engine
 from .counters import NodeCounters
@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.05
 _MAX_MSGS_PER_ORIGIN_PER_S = 50
 _DECODED_CACHE = 1024
+_DIGESTS_OFF_POLL_S = 1.0
+"""With digests off, how often the delta loop checks whether they are back on."""
 _ATTRIBUTABLE = frozenset({"malformed", "spoofed", "oversized"})
 """Rejections no honest node's message can earn (unlike "rate" or "version")."""
 
@@ -79,8 +81,14 @@ class GossipService:
         want_pull: Callable[[str, int, int], None],
         sanctions: PeerSanctions | None = None,
         other_models: OtherModels | None = None,
+        publish_digests: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``publish_digests()``: whether digests go out now (``False`` while
+        the node finds caches through the prefix directory; its load reports
+        still go out)."""
         self.pubsub = pubsub
+        self.publish_digests = publish_digests
+        self._digests_were_on = True
         self.topic = topic
         self.router = router
         self.engine = engine
@@ -145,7 +153,9 @@ class GossipService:
             # Load first: it carries our addresses, so a peer that hears of
             # our digest (and may route to us) can already dial us.
             await self.publish_load()
-            await self.publish_full()
+            self._digests_were_on = self.publish_digests()
+            if self._digests_were_on:
+                await self.publish_full()
             nursery.start_soon(self._delta_loop)
             nursery.start_soon(self._full_loop)
             nursery.start_soon(self._load_loop)
@@ -181,6 +191,15 @@ class GossipService:
             self._last_delta = time.monotonic()
             await self.publish_digest(delta)
 
+    def digest_for_pull(self) -> bytes:
+        """What a digest pull gets: the full digest, or (digests off) an empty
+        one at the last published version, so a gossiping peer routes to us
+        by load and does not keep a copy that no delta will update."""
+        if self.publish_digests():
+            return self.router.full_digest()
+        t = self.router.tracker
+        return encode_digest(Digest("full", t.node_id, t.fingerprint, self.published_version, 0, frozenset(), epoch=t.epoch))
+
     def load_report(self, load: Any = None) -> Any:
         tracker = self.router.tracker
         return load_to_pb(
@@ -203,6 +222,14 @@ class GossipService:
         """A change goes out at once after a quiet spell, then batched every ``delta_interval_s``."""
         interval = self.router.config.gossip.delta_interval_s
         while True:
+            on = self.publish_digests()
+            if on != self._digests_were_on:
+                self._digests_were_on = on
+                if on:  # back to gossip (discovery auto): start from a full digest
+                    await self.publish_full()
+            if not on:
+                await trio.sleep(max(interval, _DIGESTS_OFF_POLL_S))
+                continue
             if not self.router.tracker.pending:
                 await self._digest_changed.wait(60.0)
             wait = self._last_delta + interval - time.monotonic()
@@ -216,7 +243,7 @@ class GossipService:
         tracker = self.router.tracker
         while True:
             await trio.sleep(interval * random.uniform(0.9, 1.1))
-            if self.schedule.full_due(tracker.epoch, tracker.version):
+            if self.publish_digests() and self.schedule.full_due(tracker.epoch, tracker.version):
                 await self.publish_full()
 
     async def _load_loop(self) -> None:

@@ -121,7 +121,7 @@ class DigestPuller:
                 # Publish pending changes first, so the full digest we hand
                 # out has the version everyone else is about to hold.
                 await self.gossip.flush_delta()
-                full = self.router.full_digest()
+                full = self.gossip.digest_for_pull()
                 peers = self._known_peers(min(req.max_peers, _MAX_PEERS_LISTED))
                 await write_frame(stream, encode_pull_response(full, self.gossip.load_report(), peers))
                 self.counters.pulls_served += 1

@@ -11,7 +11,7 @@ serves a request, local or forwarded (the forward server is given it).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import replace
 import json
@@ -80,6 +80,8 @@ class NodeServing:
     prefix_groups: PrefixGroups
     _nursery: trio.Nursery | None
     _rng = random.Random()
+    route_tokens: Callable[[list[int]], Awaitable[tuple[Decision, list[int]]]]
+    """The policy's decision and the block hashes (:class:`~p2pinfer.node.discovery.NodeDiscovery`)."""
 
     def tokens_for(self, prompt: Prompt) -> list[int]:
         """Tokenise once, here at the entry node, with the engine's own tokenizer."""
@@ -131,7 +133,7 @@ class NodeServing:
         t0 = time.perf_counter()
         deadline = trio.current_time() + (timeout_s or self.config.request_timeout_s)
         request_id = secrets.token_bytes(16)
-        decision, hashes = self.router.route(tokens, self.engine.load(), time.monotonic())
+        decision, hashes = await self.route_tokens(tokens)
         life = self.new_attempts(decision, tokens, hashes, params.max_tokens, prefer)
         out: list[int] = []
         text: list[str] = []

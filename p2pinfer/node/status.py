@@ -91,7 +91,19 @@ class NodeStatus:
             "swarm_models": self.swarm_models.as_dict(now),
             "streams_per_peer": dict(self.forward_server.streams),
             "counters": self.counters.as_dict(),
+            "discovery": self._discovery_status(),
         }
+
+    def _discovery_status(self) -> dict[str, Any]:
+        directory = getattr(self, "directory", None)
+        out: dict[str, Any] = {
+            "mode": self.config.discovery,
+            "digests_published": self.gossip.publish_digests(),
+            "querying_directory": directory is not None and not self.gossip.publish_digests(),
+        }
+        if directory is not None:
+            out["directory"] = directory.status()
+        return out
 
     def _gossip_scores(self) -> dict[str, float]:
         """gossipsub's peer score of each connected peer (0 unless we penalised it)."""

@@ -27,6 +27,7 @@ from ..net.forward import GENERATE_PROTOCOL, DeadlineExceeded, ForwardClient, Fo
 from ..net.other_models import OtherModels
 from ..net.sanctions import PeerSanctions
 from .decisions import DecisionLog, PrefixGroups
+from .discovery import NodeDiscovery
 from .results import GenerateResult, NodeError, RequestFailed
 from .serving import NodeServing
 from .status import NodeStatus
@@ -36,7 +37,7 @@ __all__ = ["Attempt", "DeadlineExceeded", "GenerateResult", "Node", "NodeConfig"
 log = logging.getLogger("p2pinfer.node")
 
 
-class Node(NodeServing, NodeStatus):
+class Node(NodeDiscovery, NodeServing, NodeStatus):
     """One peer of the swarm; see the module docstring."""
 
     def __init__(
@@ -155,6 +156,7 @@ class Node(NodeServing, NodeStatus):
             want_pull=self._want_pull,
             sanctions=self.sanctions,
             other_models=self.other_models,
+            publish_digests=self.digests_on,
         )
         self.model_gossip = ModelGossip(
             pubsub=self._libp2p.pubsub,
@@ -188,6 +190,7 @@ class Node(NodeServing, NodeStatus):
         )
         host.set_stream_handler(GENERATE_PROTOCOL, self.forward_server.handle)
         host.set_stream_handler(PULL_PROTOCOL, self.puller.handle)
+        self._build_directory()
 
     async def _run_services(self, stack: AsyncExitStack) -> None:
         """Start the host, then every background task in the node's nursery."""
@@ -204,6 +207,7 @@ class Node(NodeServing, NodeStatus):
         await nursery.start(self.gossip.run)
         await nursery.start(self.model_gossip.run)
         await nursery.start(self.membership.run)
+        await self._run_directory(stack, nursery)
         nursery.start_soon(self.forward_client.run_janitor)
         nursery.start_soon(self.sanctions.run)
 

@@ -1,0 +1,100 @@
+"""How a live node learns who caches what: gossiped digests, the prefix directory, or both.
+
+``NodeConfig.discovery``:
+
+* ``gossip``: every node publishes its digest on the model's topic; the
+  policy reads the peer view those digests fill;
+* ``directory``: the node runs py-libp2p's KadDHT (placement) and the
+  prefix directory (:mod:`p2pinfer.net.directory`), registers its anchors,
+  asks an anchor's owner before each decision, and publishes no digests
+  (load reports still go out, and digest pulls get an empty digest);
+* ``auto``: registers always, publishes digests while the swarm (the peers
+  it knows, itself included) is smaller than ``auto_directory_nodes``, and
+  from that size on stops them and queries the directory instead.
+
+Mixed swarms keep working: a directory node's policy still reads the
+digests gossiping peers publish (``DirectoryView`` merges both), a
+gossiping node sees directory nodes by their load reports only, and only
+nodes that speak the directory protocol are made owners of anchors.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+import time
+from typing import Any
+
+import trio
+
+from ..core.directory import DirectoryView, apply_answer
+from ..core.policies import Decision
+from ..core.router import Router
+from ..engines.base import Engine
+from ..net.config import NodeConfig
+
+__all__ = ["NodeDiscovery"]
+
+
+class NodeDiscovery:
+    """A mixin of :class:`~p2pinfer.node.Node`: its discovery mode."""
+
+    config: NodeConfig
+    engine: Engine
+    router: Router
+    peer_id: str
+    host: Any
+    directory: Any = None
+    """The node's :class:`~p2pinfer.net.directory.DirectoryService` (``None`` in gossip mode)."""
+    dht: Any = None
+
+    def swarm_size(self) -> int:
+        """The peers this node knows, itself included."""
+        return len(self.router.view) + 1
+
+    def digests_on(self) -> bool:
+        mode = self.config.discovery
+        return mode == "gossip" or (mode == "auto" and self.swarm_size() < self.config.auto_directory_nodes)
+
+    def querying_directory(self) -> bool:
+        return self.directory is not None and not self.digests_on()
+
+    def _build_directory(self) -> None:
+        if self.config.discovery == "gossip":
+            return
+        from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+
+        from ..net.directory import DIRECTORY_PROTOCOL, DhtPlacement, DirectoryService
+
+        self.dht = KadDHT(self.host, DHTMode.SERVER, enable_random_walk=False, enable_providers=False, enable_values=False)
+        placement = DhtPlacement(self.host, self.dht, self.peer_id, self.config.directory.replicas)
+        self.directory = DirectoryService(
+            host=self.host,
+            router=self.router,
+            placement=placement,
+            config=self.config.directory,
+            load=self.engine.load,
+            timeout_s=self.config.connect_timeout_s,
+        )
+        self.host.set_stream_handler(DIRECTORY_PROTOCOL, self.directory.handle)
+
+    async def _run_directory(self, stack: AsyncExitStack, nursery: trio.Nursery) -> None:
+        if self.directory is None:
+            return
+        from libp2p.tools.anyio_service import background_trio_service
+
+        await stack.enter_async_context(background_trio_service(self.dht))
+        await nursery.start(self.directory.run)
+
+    async def route_tokens(self, tokens: list[int]) -> tuple[Decision, list[int]]:
+        """The policy's decision for ``tokens``: over the peer view, plus the
+        directory's answer when the node queries it (one round trip)."""
+        router = self.router
+        if not self.querying_directory():
+            return router.route(tokens, self.engine.load(), time.monotonic())
+        hashes = router.hasher.hashes(tokens)
+        answer = await self.directory.lookup(hashes, len(tokens))
+        now = time.monotonic()
+        if answer is not None and answer.holders:
+            apply_answer(router.view, answer, now, router.fingerprint_hex)
+        view = DirectoryView(router.view, answer, router.hasher.block_size)
+        return router.route(tokens, self.engine.load(), now, hashes=hashes, view=view)
