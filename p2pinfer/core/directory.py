@@ -823,6 +823,11 @@ class DirectoryStore:
                 resend.append(c.anchor)
         return resend
 
+    def holder_info(self, holder: str) -> tuple[int, Load] | None:
+        """``(epoch, last load)`` of a holder this directory has heard from."""
+        info = self._holders.get(holder)
+        return None if info is None else (info.epoch, info.load)
+
     def drop_holder(self, holder: str) -> None:
         """Forget everything ``holder`` registered (it left, or restarted)."""
         for anchor in [a for a, recs in self._records.items() if holder in recs]:

@@ -118,6 +118,59 @@ class Controller:
             for p in view
         }
 
+    # -- the prefix directory (discovery directory or auto) -----------------------------------
+    def _directory(self) -> Any:
+        if self.node.directory is None:
+            raise RuntimeError("this node runs discovery 'gossip': it has no directory")
+        return self.node.directory
+
+    async def cmd_directory(self, _id: Any, tokens: list[int] | None = None) -> dict[str, Any]:
+        """The directory's status; with ``tokens``: their anchor, its owners as this
+        node places them, and the holders this node's store lists for it."""
+        d = self._directory()
+        out = d.status()
+        out["members_list"] = d.placement.members()
+        if tokens is not None:
+            anchor = d.anchor(self.node.router.hasher.hashes(tokens))
+            out["anchor"] = anchor
+            out["owners"] = [] if anchor is None else d.placement.owners(anchor)
+            out["holders"] = {} if anchor is None else {h: len(b) for h, b in d.store.holders(anchor).items()}
+            out["held_blocks"] = 0 if anchor is None else len(d.tracker.held(anchor))
+        return out
+
+    async def cmd_directory_lookup(self, _id: Any, tokens: list[int]) -> list[dict[str, Any]] | None:
+        """What a lookup for ``tokens`` answers now: holders with their matched blocks."""
+        hashes = self.node.router.hasher.hashes(tokens)
+        answer = await self._directory().lookup(hashes, len(tokens))
+        if answer is None:
+            return None
+        return [{"holder": h.holder, "match_blocks": h.match_blocks, "queued": h.load.queued_prefill_tokens, "age_s": h.age_s} for h in answer.holders]
+
+    async def cmd_directory_flush(self, _id: Any) -> None:
+        """Send pending anchor changes now (instead of at the next update tick)."""
+        await self._directory().flush()
+
+    async def cmd_directory_refresh(self, _id: Any) -> None:
+        """A checksum refresh now (instead of at the next refresh tick)."""
+        await self._directory().refresh()
+
+    async def cmd_directory_lose(self, _id: Any, holder: str, tokens: list[int], blocks: int = 1) -> int:
+        """Fault: this owner loses the last ``blocks`` block registrations of
+        ``holder`` under the anchor of ``tokens``, as if those register updates
+        never arrived. Returns the blocks still registered."""
+        d = self._directory()
+        hashes = self.node.router.hasher.hashes(tokens)
+        anchor = d.anchor(hashes)
+        assert anchor is not None, "tokens shorter than the anchor"
+        from ..core.directory import AnchorUpdate, Register
+
+        held = d.store.holders(anchor).get(holder, frozenset())
+        lost = frozenset(h for h in hashes[-blocks:] if h in held)
+        info = d.store.holder_info(holder)
+        assert info is not None, f"{holder} registered nothing here"
+        d.store.apply(Register(holder, info[0], info[1], (AnchorUpdate(anchor, False, frozenset(), lost),)), time.monotonic())
+        return len(d.store.holders(anchor).get(holder, frozenset()))
+
     async def cmd_wait_hash(self, _id: Any, peer: str, hash: int, timeout_s: float = 10.0) -> float:
         """Poll (1 ms) until our view of ``peer`` holds ``hash``; returns time.monotonic()."""
         with trio.fail_after(timeout_s):
