@@ -56,6 +56,8 @@ def node_config_from_settings(settings: NodeSettings) -> Any:
             engine=settings.engine,
             engine_options=engine_options(settings),
             router=RouterConfig(policy=settings.policy),
+            discovery=settings.discovery,
+            auto_directory_nodes=settings.auto_directory_nodes,
             swarm_secret=settings.swarm_secret.encode() if settings.swarm_secret else None,
             private_network=settings.private_network,
         )
@@ -133,6 +135,7 @@ async def run_node(settings: NodeSettings, ready_file: str | None = None, quiet:
             "model": node.engine.model_name,
             "engine": node.engine.name,
             "policy": settings.policy,
+            "discovery": settings.discovery,
             "pid": os.getpid(),
         }
         if ready_file:
@@ -192,6 +195,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "crashes on some Intel AMX CPUs (llama.cpp issue 20824); `p2pinfer doctor` tries it.",
         ),
         policy: Optional[str] = typer.Option(None, help="Routing policy: cost, paper, random, round-robin, least-loaded, local."),
+        discovery: Optional[str] = typer.Option(
+            None, help="How the node finds cached prefixes: gossip (digests on one topic), directory (the prefix "
+            "directory over KadDHT placement) or auto (directory from --auto-directory-nodes peers on).",
+        ),
+        auto_directory_nodes: Optional[int] = typer.Option(None, help="With --discovery auto: the swarm size from which the directory is used."),
         key_file: Optional[str] = typer.Option(None, help="Identity key file (created if missing)."),
         swarm_secret: Optional[str] = typer.Option(None, "--swarm-secret", "--secret", help="Swarm secret (keys the digests)."),
         private_network: Optional[bool] = typer.Option(

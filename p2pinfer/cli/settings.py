@@ -60,6 +60,11 @@ class NodeSettings:
     (about a second), so a configuration that crashes here is refused with a
     message instead of killing the node."""
     policy: str = "cost"
+    discovery: str = "gossip"
+    """How the node learns who caches what: ``gossip`` (digests on one topic),
+    ``directory`` (the prefix directory over KadDHT placement) or ``auto``
+    (directory from ``auto_directory_nodes`` peers on)."""
+    auto_directory_nodes: int = 64
     key_file: str | None = "~/.p2pinfer/node.key"
     """Persistent libp2p identity; empty for a new identity at every start."""
     swarm_secret: str | None = None

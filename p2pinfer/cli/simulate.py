@@ -93,6 +93,10 @@ def simulate(
     ),
     anchor_blocks: int = typer.Option(4, min=1, help="--discovery directory: depth of the anchor block (16 tokens each)."),
     directory_replicas: int = typer.Option(1, min=1, max=8, help="--discovery directory: owners per anchor."),
+    directory_placement: str = typer.Option(
+        "rendezvous", help="--discovery directory: who owns an anchor. kademlia: the peers closest to its key in the KadDHT "
+        "keyspace (what the live node runs); rendezvous: highest-random-weight hashing (the published simulator runs)."
+    ),
     directory_refresh: str = typer.Option(
         "checksum", help="--discovery directory: checksum (a refresh sends count and XOR per anchor; the directory asks for "
         "what does not match) or full (it re-sends every block)."
@@ -142,7 +146,9 @@ def simulate(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--calibration") from None
     try:
-        directory = DirectoryConfig(anchor_blocks=anchor_blocks, replicas=directory_replicas, refresh=directory_refresh)
+        directory = DirectoryConfig(
+            anchor_blocks=anchor_blocks, replicas=directory_replicas, refresh=directory_refresh, placement=directory_placement
+        )
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--directory-refresh") from None
     try:

@@ -31,6 +31,7 @@ from ..core.directory import (
     anchor_of,
     decode_message,
     encode_message,
+    make_placement,
     make_query,
 )
 from .model import Req, SimConfig, SimNode
@@ -57,7 +58,7 @@ class DirectoryMode:
 
     def _init_directory(self, config: DirectoryConfig) -> None:
         self.dir_cfg = config
-        self.membership = Rendezvous(replicas=config.replicas)
+        self.membership = make_placement(config)
         self.dir_count: Counter[str] = Counter()
         self.dir_bytes: Counter[str] = Counter()
         self.dir_lost = 0

@@ -1,0 +1,120 @@
+"""The live directory's pieces without processes: the placement metric is
+py-libp2p's own, the wire refuses what it must, and a directory node never
+applies a register that names another holder."""
+
+from __future__ import annotations
+
+import random
+
+import cbor2
+import pytest
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.kad_dht.utils import sort_peer_ids_by_distance
+from libp2p.peer.id import ID
+
+from p2pinfer.core.blocks import ModelFingerprint
+from p2pinfer.core.directory import (
+    AnchorUpdate,
+    DirectoryConfig,
+    DirectoryError,
+    KademliaPlacement,
+    Query,
+    Refusal,
+    Register,
+    Resend,
+    Answer,
+    anchor_key,
+    decode_message,
+    encode_message,
+    make_query,
+)
+from p2pinfer.core.peers import Load
+from p2pinfer.core.radix import RadixTree
+from p2pinfer.core.router import Router
+from p2pinfer.net.directory import DirectoryService
+
+
+def peer_ids(n: int) -> list[str]:
+    return [ID.from_pubkey(create_new_key_pair().public_key).to_base58() for _ in range(n)]
+
+
+def test_kademlia_placement_is_the_order_py_libp2p_sorts_peers_in():
+    ids = peer_ids(12)
+    placement = KademliaPlacement(ids, replicas=3)
+    rng = random.Random(5)
+    for _ in range(50):
+        anchor = rng.getrandbits(64)
+        libp2p_order = sort_peer_ids_by_distance(anchor_key(anchor), [ID.from_base58(p) for p in ids])
+        assert placement.owners(anchor) == [p.to_base58() for p in libp2p_order[:3]]
+
+
+def test_kademlia_placement_moves_only_what_a_join_or_leave_touches():
+    ids = peer_ids(10)
+    placement = KademliaPlacement(ids[:9], replicas=2)
+    anchors = [random.Random(i).getrandbits(64) for i in range(200)]
+    before = {a: placement.owners(a) for a in anchors}
+    changed = set(placement.add(ids[9]))
+    fresh = KademliaPlacement(ids, replicas=2)
+    for a in anchors:
+        assert placement.owners(a) == fresh.owners(a)
+        assert (before[a] != placement.owners(a)) == (a in changed)
+        if a in changed:
+            assert ids[9] in placement.owners(a)
+    gone = set(placement.remove(ids[0]))
+    assert gone == {a for a in anchors if ids[0] in fresh.owners(a)}
+    assert all(ids[0] not in placement.owners(a) for a in anchors)
+
+
+def test_anchor_key_fits_find_node():
+    # py-libp2p's FIND_NODE handler accepts a non-multihash key of 2..50 bytes only.
+    assert 2 <= len(anchor_key(2**64 - 1)) <= 50
+
+
+def test_refusal_round_trip_and_strict_decoding():
+    msg = Refusal("NOT_HOLDER", "a register from X names holder Y")
+    assert decode_message(encode_message(msg)) == msg
+    with pytest.raises(DirectoryError, match="refusal code"):
+        decode_message(cbor2.dumps({"s": 1, "t": "err", "c": "NOPE", "m": ""}))
+    with pytest.raises(DirectoryError, match="at most 512"):
+        decode_message(cbor2.dumps({"s": 1, "t": "err", "c": "INTERNAL", "m": "x" * 513}))
+    with pytest.raises(DirectoryError, match="exactly the keys"):
+        decode_message(cbor2.dumps({"s": 1, "t": "err", "c": "INTERNAL"}))
+
+
+class _Placement:
+    def __init__(self, self_id: str) -> None:
+        self.self_id = self_id
+
+    def owners(self, anchor: int) -> list[str]:
+        return [self.self_id]
+
+
+def _service() -> tuple[DirectoryService, Router]:
+    me = peer_ids(1)[0]
+    router = Router(me, ModelFingerprint("directory-units", "t", "c"), RadixTree(10_000))
+    service = DirectoryService(host=None, router=router, placement=_Placement(me), config=DirectoryConfig(), load=Load, timeout_s=1.0)  # type: ignore[arg-type]
+    return service, router
+
+
+def test_a_register_must_name_the_streams_peer():
+    service, router = _service()
+    holder, other = peer_ids(2)
+    hashes = router.hasher.hashes(list(range(1000, 1000 + 160)))
+    reg = Register(holder, 1, Load(), (AnchorUpdate(hashes[3], True, frozenset(hashes[3:])),))
+    reply = service.on_message(other, encode_message(reg), 0.0)
+    assert isinstance(reply, Refusal) and reply.code == "NOT_HOLDER"
+    assert service.store.anchors() == []  # nothing applied
+    assert service.on_message(holder, encode_message(reg), 0.0) == Resend(())
+    answer = service.on_message(other, encode_message(make_query(hashes, 160, DirectoryConfig())), 0.0)
+    assert isinstance(answer, Answer) and [h.holder for h in answer.holders] == [holder]
+    assert answer.holders[0].match_blocks == 10
+
+
+def test_garbage_and_replies_are_refused_with_a_reason():
+    service, _ = _service()
+    peer = peer_ids(1)[0]
+    reply = service.on_message(peer, b"\xff\x00garbage", 0.0)
+    assert isinstance(reply, Refusal) and reply.code == "BAD_REQUEST"
+    reply = service.on_message(peer, encode_message(Resend((1, 2))), 0.0)
+    assert isinstance(reply, Refusal) and reply.code == "BAD_REQUEST" and "Resend" in reply.message
+    assert service.refused == {"BAD_REQUEST": 2}
