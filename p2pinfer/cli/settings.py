@@ -64,7 +64,7 @@ class NodeSettings:
     """How the node learns who caches what: ``gossip`` (digests on one topic),
     ``directory`` (the prefix directory over KadDHT placement) or ``auto``
     (directory from ``auto_directory_nodes`` peers on)."""
-    auto_directory_nodes: int = 64
+    auto_directory_nodes: int = 16
     key_file: str | None = "~/.p2pinfer/node.key"
     """Persistent libp2p identity; empty for a new identity at every start."""
     swarm_secret: str | None = None

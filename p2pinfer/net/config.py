@@ -25,7 +25,7 @@ LIVE_DIRECTORY = DirectoryConfig(placement="kademlia", replicas=2, query_timeout
 """The live node's directory: KadDHT placement (the only one it runs), two
 owners per anchor (one may die), and a lookup timeout for a loaded machine
 (an answer on loopback takes a few ms; the timeout only bounds a dead owner)."""
-AUTO_DIRECTORY_NODES = 64
+AUTO_DIRECTORY_NODES = 16
 """``discovery = "auto"``: the swarm size from which a node queries the
 directory and stops gossiping digests (docs/configuration.md says why)."""
 
