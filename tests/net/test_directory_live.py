@@ -175,3 +175,33 @@ def test_mixed_swarm_gossip_and_directory_nodes(cluster):
     assert r["generated_tokens"] == 4
     r = a.call("generate", tokens=other + prompt(14, 24), max_tokens=4)
     assert r["served_by"] == c.peer_id and r["reused_tokens"] == r["predicted_reused_tokens"] == 320
+
+
+def test_auto_gossips_while_small_and_moves_to_the_directory_at_the_threshold(cluster):
+    cfg = dict(discovery="auto", auto_directory_nodes=3, speed=1.0)
+    b = cluster.start("B", fast_config(**cfg))
+    a = cluster.start("A", fast_config(bootstrap=(b.addr,), **cfg))
+    cluster.wait_full_view(["A", "B"], timeout_s=60)
+    # Two nodes, under the threshold: digests go out, the directory is not asked...
+    disc = a.call("status")["discovery"]
+    assert disc["digests_published"] and not disc["querying_directory"]
+    early = prompt(5000)
+    assert b.call("generate", tokens=early, max_tokens=2, prefer="local")["served_locally"]
+    wait_until(lambda: len(a.call("view_hashes", peer=b.peer_id) or []) >= 20, 10, what="A holds B's digest")
+    # ...but every node registers already, so the directory is warm when the swarm grows.
+    b.call("directory_flush")
+    owners = a.call("directory", tokens=early)["owners"]
+    by_id = {a.peer_id: a, b.peer_id: b}
+    for owner in owners:
+        if owner != b.peer_id:
+            wait_registered(by_id[owner], early, b, len(early) // 16 - 3, "B registered while gossiping")
+    c = cluster.start("C", fast_config(bootstrap=(b.addr,), **cfg))
+    cluster.wait_full_view(["A", "B", "C"], timeout_s=60)
+    for node in (a, b, c):
+        wait_until(lambda: node.call("status")["discovery"]["querying_directory"], 10, what="three nodes: the directory")
+        assert not node.call("status")["discovery"]["digests_published"]
+    # C (new) asks the directory for B's cache, and B serves with the reuse predicted.
+    before = c.call("directory")["answers"]
+    r = c.call("generate", tokens=early + prompt(15, 24), max_tokens=4)
+    assert r["served_by"] == b.peer_id and r["reused_tokens"] == r["predicted_reused_tokens"] == 320
+    assert c.call("directory")["answers"] == before + 1
