@@ -48,6 +48,7 @@ from libp2p.peer.id import ID
 
 from ..core.directory import (
     MAX_DIRECTORY_BYTES,
+    anchor_key,
     AnchorCheck,
     AnchorTracker,
     AnchorUpdate,
@@ -77,6 +78,8 @@ log = logging.getLogger(__name__)
 
 _PLACEMENT_TICK_S = 0.5
 """How often the placement is brought in line with the DHT's routing table."""
+RESOLVE_TTL_S = 300.0
+"""An anchor looked up in the DHT is looked up again after this long (joins far away)."""
 
 
 class DirectoryRefused(Exception):
@@ -88,22 +91,39 @@ class DirectoryRefused(Exception):
 
 
 class DhtPlacement:
-    """Owners of anchors from py-libp2p's KadDHT routing table.
+    """Owners of anchors from py-libp2p's KadDHT.
 
-    Members are this node plus the routing table's peers that speak
-    :data:`DIRECTORY_PROTOCOL` (identify tells; a peer not identified yet
-    waits a tick). Connected peers are offered to the routing table (the DHT
-    keeps what its buckets admit); a peer whose connection closed is taken
-    out of it at once: py-libp2p only drops peers that fail a query or go
-    stale for an hour, and a dead owner must lose its anchors now.
+    Members are this node, the routing table's peers, and the peers that DHT
+    lookups of anchors found (:meth:`resolve`), less those that identify
+    says do not speak :data:`DIRECTORY_PROTOCOL` (KadDHT runs only on nodes
+    that do, and its routing tables only admit KadDHT servers). Connected
+    peers are offered to the routing table (the DHT keeps what its buckets
+    admit); a peer whose connection closed, or that could not be reached,
+    is taken out at once (:meth:`forget`): py-libp2p only drops peers that
+    fail one of its own queries or go stale for an hour, and a dead owner
+    must lose its anchors now.
+
+    While no bucket of the routing table is full, the table holds every
+    DHT peer this node has heard of, and the closest of them are the
+    anchor's owners everywhere; once one is full (more than 20 peers in
+    one half of the keyspace, about 40 nodes and more), the table is a
+    sample, and each anchor is looked up in the DHT
+    (``find_closest_peers_network``) before it is first used, and again
+    after :data:`RESOLVE_TTL_S`.
     """
 
     def __init__(self, host: IHost, dht: Any, self_id: str, replicas: int) -> None:
         self.host = host
         self.dht = dht
         self.self_id = self_id
+        self.replicas = replicas
         self.placement = KademliaPlacement([self_id], replicas)
         self._was_connected: set[str] = set()
+        self._learned: set[str] = set()
+        """Peers DHT lookups named among an anchor's closest (maybe not in the routing table)."""
+        self._resolved: dict[int, float] = {}
+        self.lookups = 0
+        """DHT lookups made (``find_closest_peers_network``)."""
 
     def owners(self, anchor: int) -> list[str]:
         return self.placement.owners(anchor)
@@ -111,12 +131,63 @@ class DhtPlacement:
     def members(self) -> list[str]:
         return self.placement.members()
 
-    def _speaks_directory(self, peer: ID) -> bool:
+    def _protocols(self, peer: ID) -> list[str] | None:
+        """What identify learned the peer speaks; ``None`` before identify ran."""
         try:
             protocols = self.host.get_peerstore().get_protocols(peer)
         except Exception:
-            return False
-        return bool(protocols) and str(DIRECTORY_PROTOCOL) in protocols
+            return None
+        return list(protocols) if protocols else None
+
+    def _speaks_directory(self, peer: ID) -> bool:
+        protocols = self._protocols(peer)
+        return protocols is not None and str(DIRECTORY_PROTOCOL) in protocols
+
+    def _not_directory(self, peer: ID) -> bool:
+        protocols = self._protocols(peer)
+        return protocols is not None and str(DIRECTORY_PROTOCOL) not in protocols
+
+    def table_complete(self) -> bool:
+        """No bucket full: the routing table holds every DHT peer heard of."""
+        return all(b.size() < b.bucket_size for b in self.dht.routing_table.buckets)
+
+    async def resolve(self, anchors: Iterable[int], now: float) -> list[int]:
+        """Look up in the DHT the anchors not looked up for :data:`RESOLVE_TTL_S`
+        (only while the routing table is incomplete); the closest peers found
+        join the members. Returns the anchors whose owners changed."""
+        if self.table_complete():
+            return []
+        todo = [a for a in dict.fromkeys(anchors) if now - self._resolved.get(a, -RESOLVE_TTL_S) >= RESOLVE_TTL_S]
+        found: set[str] = set()
+
+        async def one(anchor: int) -> None:
+            self.lookups += 1
+            self._resolved[anchor] = now
+            try:
+                peers = await self.dht.peer_routing.find_closest_peers_network(anchor_key(anchor))
+            except Exception as exc:  # the DHT's own errors: keep the owners we have
+                log.debug("DHT lookup of anchor %x failed: %s", anchor, exc)
+                return
+            found.update(p.to_base58() for p in peers[: self.replicas + 1] if not self._not_directory(p))
+
+        async with trio.open_nursery() as nursery:
+            for anchor in todo:
+                nursery.start_soon(one, anchor)
+        new = found - set(self.placement.members())
+        self._learned |= new
+        changed: set[int] = set()
+        for peer in sorted(new):
+            changed.update(self.placement.add(peer))
+        return sorted(changed)
+
+    def forget(self, peer: str) -> list[int]:
+        """``peer`` could not be reached: out of the routing table and the
+        placement until it is connected again. Returns the anchors that moved."""
+        self._learned.discard(peer)
+        if peer == self.self_id:
+            return []
+        self.dht.routing_table.remove_peer(ID.from_base58(peer))
+        return self.placement.remove(peer)
 
     async def sync(self) -> list[int]:
         """Bring the members in line with the DHT; returns the anchors whose owners changed."""
@@ -128,9 +199,9 @@ class DhtPlacement:
         for name in self._was_connected - set(connected):
             table.remove_peer(ID.from_base58(name))
         self._was_connected = set(connected)
-        members = {self.self_id}
+        members = {self.self_id} | self._learned
         for peer in table.get_peer_ids():
-            if self._speaks_directory(peer):
+            if not self._not_directory(peer):
                 members.add(peer.to_base58())
         changed: set[int] = set()
         for gone in set(self.placement.members()) - members:
@@ -268,6 +339,12 @@ class DirectoryService:
         """One Register per owner (the same batching as the simulator's ``_send_updates``)."""
         if not updates and not checks:
             return
+        if only is None:
+            batch = {u.anchor for u in updates} | {c.anchor for c in checks}
+            moved = await self.placement.resolve(batch, time.monotonic())
+            elsewhere = set(moved) - batch
+            if elsewhere and self._nursery is not None:
+                self._nursery.start_soon(self.on_placement_changed, elsewhere)
         batches: dict[str, tuple[list[AnchorUpdate], list[AnchorCheck]]] = {}
         for u in updates:
             for owner in [only] if only else self.placement.owners(u.anchor):
@@ -297,12 +374,22 @@ class DirectoryService:
         except Exception as exc:  # a dead owner, a refusal: the next refresh (or its replacement) heals it
             self.failed[kind] += 1
             log.debug("directory %s to %s failed: %s: %s", kind, owner, type(exc).__name__, exc)
+            self._unreachable(owner, exc)
             return
         assert isinstance(reply, Resend)
         if reply.anchors:
             with self._lock:
                 full = self.tracker.full(reply.anchors, clear_pending=False)
             await self.send_updates(full, "resync", only=owner)
+
+    def _unreachable(self, owner: str, exc: BaseException) -> None:
+        """A dial or stream that failed (not a slow answer, not a refusal): the
+        owner is taken out, its anchors move, and holders re-register them."""
+        if isinstance(exc, (trio.TooSlowError, DirectoryRefused, DirectoryError)):
+            return
+        moved = self.placement.forget(owner)
+        if moved and self._nursery is not None:
+            self._nursery.start_soon(self.on_placement_changed, moved)
 
     async def flush(self) -> None:
         """Send the pending changes now (tests; the update loop does it every ``update_interval_s``)."""
@@ -373,6 +460,10 @@ class DirectoryService:
         query = make_query(hashes, prompt_tokens, self.config)
         if query is None:
             return None
+        with trio.move_on_after(self.config.query_timeout_s * self.config.query_attempts):
+            moved = await self.placement.resolve([query.anchor], time.monotonic())
+            if moved and self._nursery is not None:
+                self._nursery.start_soon(self.on_placement_changed, moved)
         owners = self.placement.owners(query.anchor)
         if not owners:
             return None
@@ -390,6 +481,7 @@ class DirectoryService:
             except Exception as exc:
                 self.failed["query"] += 1
                 log.debug("directory query to %s failed: %s: %s", owner, type(exc).__name__, exc)
+                self._unreachable(owner, exc)
                 continue
             assert isinstance(reply, Answer)
             self.answers += 1
@@ -403,6 +495,8 @@ class DirectoryService:
     def status(self) -> dict[str, Any]:
         return {
             "members": len(self.placement.members()),
+            "routing_table_complete": self.placement.table_complete(),
+            "dht_lookups": self.placement.lookups,
             "anchors_owned": len(self.store.anchors()),
             "registrations": len(self.store),
             "anchors_held": len(self.tracker.anchors()),

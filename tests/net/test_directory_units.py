@@ -118,3 +118,95 @@ def test_garbage_and_replies_are_refused_with_a_reason():
     reply = service.on_message(peer, encode_message(Resend((1, 2))), 0.0)
     assert isinstance(reply, Refusal) and reply.code == "BAD_REQUEST" and "Resend" in reply.message
     assert service.refused == {"BAD_REQUEST": 2}
+
+
+class _Bucket:
+    def __init__(self, size: int) -> None:
+        self._size, self.bucket_size = size, 20
+
+    def size(self) -> int:
+        return self._size
+
+
+class _Table:
+    def __init__(self, peers: list[ID], full: bool) -> None:
+        self.peers = list(peers)
+        self.buckets = [_Bucket(20 if full else len(peers))]
+
+    def get_peer_ids(self) -> list[ID]:
+        return list(self.peers)
+
+    def peer_in_table(self, peer: ID) -> bool:
+        return peer in self.peers
+
+    def remove_peer(self, peer: ID) -> bool:
+        if peer in self.peers:
+            self.peers.remove(peer)
+            return True
+        return False
+
+
+class _Routing:
+    """A DHT whose lookups converge to the true closest of ``universe``."""
+
+    def __init__(self, universe: list[ID]) -> None:
+        self.universe = universe
+        self.asked: list[bytes] = []
+
+    async def find_closest_peers_network(self, key: bytes, count: int = 20) -> list[ID]:
+        self.asked.append(key)
+        return sort_peer_ids_by_distance(key, self.universe)[:count]
+
+
+class _Dht:
+    def __init__(self, table: _Table, routing: _Routing) -> None:
+        self.routing_table, self.peer_routing = table, routing
+
+
+class _Host:
+    def get_connected_peers(self) -> list[ID]:
+        return []
+
+    def get_peerstore(self) -> "_Host":
+        return self
+
+    def get_protocols(self, peer: ID) -> list[str]:
+        return []  # identify has not run for any of them
+
+
+async def test_an_incomplete_routing_table_is_completed_by_dht_lookups_of_each_anchor():
+    from p2pinfer.net.directory import DhtPlacement
+
+    universe = [ID.from_base58(p) for p in peer_ids(60)]
+    me, table_sample = universe[0], universe[1:21]  # 20 of 59 others: a full bucket, a sample
+    routing = _Routing(universe)
+    placement = DhtPlacement(_Host(), _Dht(_Table(table_sample, full=True), routing), me.to_base58(), replicas=2)  # type: ignore[arg-type]
+    await placement.sync()
+    truth = KademliaPlacement([p.to_base58() for p in universe], replicas=2)
+    anchors = [random.Random(i).getrandbits(64) for i in range(30)]
+    wrong_before = sum(placement.owners(a) != truth.owners(a) for a in anchors)
+    assert wrong_before > 0  # a sample of the keyspace places some anchors wrongly
+    moved = await placement.resolve(anchors, now=0.0)
+    assert all(placement.owners(a) == truth.owners(a) for a in anchors)
+    assert set(moved) >= {a for a in anchors if truth.owners(a) != KademliaPlacement([p.to_base58() for p in [me, *table_sample]], 2).owners(a)}
+    assert len(routing.asked) == len(anchors)
+    await placement.resolve(anchors, now=1.0)  # looked up already: no new lookups before the TTL
+    assert len(routing.asked) == len(anchors)
+    # A found owner that cannot be reached is forgotten: its anchors move to the next closest.
+    owner = truth.owners(anchors[0])[0]
+    if owner != me.to_base58():
+        assert anchors[0] in placement.forget(owner)
+        assert owner not in placement.owners(anchors[0])
+
+
+async def test_a_complete_routing_table_needs_no_lookups():
+    from p2pinfer.net.directory import DhtPlacement
+
+    universe = [ID.from_base58(p) for p in peer_ids(10)]
+    routing = _Routing(universe)
+    placement = DhtPlacement(_Host(), _Dht(_Table(universe[1:], full=False), routing), universe[0].to_base58(), replicas=2)  # type: ignore[arg-type]
+    await placement.sync()
+    assert await placement.resolve([1, 2, 3], now=0.0) == []
+    assert routing.asked == []
+    truth = KademliaPlacement([p.to_base58() for p in universe], replicas=2)
+    assert all(placement.owners(a) == truth.owners(a) for a in (1, 2, 3))
