@@ -46,6 +46,7 @@ COMMAND_MODULES = [
     "p2pinfer.cli.doctor_cmd",
     "p2pinfer.cli.bench_repack",
     "p2pinfer.cli.bench_idle",
+    "p2pinfer.cli.bench_directory",
     "p2pinfer.cli.lab_reproduce",
     "p2pinfer.cli.lab_dashboard",
     "p2pinfer.cli.bench_api",

@@ -156,13 +156,17 @@ def _pyspy() -> str | None:
 class IdleSwarm:
     """N idle node processes on loopback, bootstrapped from the first."""
 
-    def __init__(self, n: int, *, log_dir: Path | None = None, start_parallel: int = 4, start_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, n: int, *, log_dir: Path | None = None, start_parallel: int = 4, start_timeout_s: float = 120.0,
+        discovery: str = "gossip",
+    ) -> None:
+        """``discovery``: ``NodeConfig.discovery`` of every node (``bench directory``)."""
         from ..net.config import NodeConfig
         from .node_process import NodeProcess
 
         def config(bootstrap: tuple[str, ...]) -> NodeConfig:
             # The defaults of `p2pinfer node --engine simulated`, on an ephemeral loopback port.
-            return NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), bootstrap=bootstrap, engine="simulated")
+            return NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), bootstrap=bootstrap, engine="simulated", discovery=discovery)
 
         self.procs: list[Any] = []
         try:

@@ -1,0 +1,224 @@
+"""``p2pinfer bench directory``: gossip against the prefix directory, live, by swarm size.
+
+For each node count N and each discovery mode (``gossip``, ``directory``),
+on the *same* requests: N node processes (``p2pinfer.lab.scripted_node``,
+the simulated engine at its calibrated cost, the defaults of ``p2pinfer
+node --engine simulated`` except ``discovery``) on TCP loopback, bootstrapped
+from the first. Once every view (and, with the directory, every placement)
+is complete:
+
+1. an idle window (no requests): CPU per node from ``/proc`` as a fraction of
+   one core, resident memory, inbound TCP bytes per node (``measure_swarm``
+   of :mod:`.idle_bench`);
+2. a workload window: MMLU five-shot prompts (token ids of the approximate
+   tokenizer the simulated engine uses), Poisson arrivals at ``rate`` per
+   second, each at a random node; inbound TCP bytes per node per second
+   (mean, p99 and busiest over nodes: directory streams, load and digest
+   gossip, gossipsub control, KadDHT, pings, pulls, and the forwarded
+   requests themselves, all of it), CPU per request, hit rate (reused over
+   prompt tokens), mean and p99 TTFT;
+3. the simulator's prediction for the same requests, arrivals and entries
+   (``sim_*``): same node count, discovery, directory settings (KadDHT
+   placement), gossip schedule and engine cost model, 0.1 ms one-way links.
+
+TTFT here is the engine's, plus queueing and the forward: the simulated
+engine sleeps its modelled time, so a loaded machine changes little of it,
+but the processes' own work (routing, lookups, streams) is real.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+import random
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .idle_bench import IdleSwarm, cpu_seconds, measure_swarm, tcp_bytes_by_pid
+from .provenance import with_provenance
+
+__all__ = ["run_directory_bench"]
+
+MODES = ("gossip", "directory")
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    if not s:
+        return 0.0
+    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
+    return s[k]
+
+
+def build_workload(n_nodes: int, requests: int, rate: float, seed: int, popularity: str = "zipf:1") -> tuple[list[Any], Any]:
+    """The MMLU five-shot requests (token ids), their arrivals and entries, and the encoder."""
+    from ..workloads.base import PromptEncoder, TimedRequest, parse_popularity, poisson_arrivals
+    from ..workloads.mmlu import MMLUWorkload, load_mmlu
+    from ..workloads.tokenizer import load_tokenizer
+
+    encoder = PromptEncoder(load_tokenizer("approx"))
+    work = MMLUWorkload(load_mmlu(), parse_popularity(popularity), seed=seed, output_tokens=4)
+    rng = random.Random(f"directory-bench-{seed}")
+    times = poisson_arrivals(requests, rate, rng)
+    out = []
+    for t in times:
+        p = work.draw(rng)
+        tokens = tuple(encoder.encode(p))
+        out.append(TimedRequest(t, replace(p, tokens=tokens), rng.randrange(n_nodes)))
+    return out, encoder
+
+
+def _wait_directory(swarm: IdleSwarm, n: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if all(p.call("directory", timeout_s=60)["members"] == n for p in swarm.procs):
+                return True
+        except Exception:
+            pass
+        time.sleep(1.0)
+    return False
+
+
+def _drive(swarm: IdleSwarm, reqs: list[Any]) -> tuple[list[dict[str, Any]], list[str], float]:
+    """Send every request at its arrival time; returns results, errors and the window length."""
+    results: list[dict[str, Any]] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    t0 = time.monotonic()
+
+    def one(req: Any) -> None:
+        time.sleep(max(0.0, t0 + req.t - time.monotonic()))
+        node = swarm.procs[req.entry]
+        try:
+            r = node.call("generate", timeout_s=300, tokens=list(req.prompt.tokens), max_tokens=req.prompt.output_tokens)
+        except Exception as exc:
+            with lock:
+                errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+            return
+        with lock:
+            results.append(r)
+
+    with ThreadPoolExecutor(max(4, min(64, len(reqs)))) as pool:
+        list(pool.map(one, reqs))
+    return results, errors, time.monotonic() - t0
+
+
+def simulate(n: int, mode: str, reqs: list[Any], encoder: Any, seed: int) -> dict[str, Any]:
+    from ..core.costmodel import EngineCostModel
+    from ..core.router import GossipConfig
+    from ..net.config import LIVE_DIRECTORY
+    from ..sim.model import SimConfig
+    from ..sim.simulator import Simulator
+
+    config = SimConfig(
+        nodes=n, discovery=mode, directory=LIVE_DIRECTORY, gossip=GossipConfig(), cost=EngineCostModel(),
+        cache_tokens=200_000, latency="0.1", warmup=0.0, seed=seed,
+    )
+    return Simulator(config, reqs, encoder, workload={"kind": "mmlu", "requests": len(reqs)}).run()
+
+
+def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float, settle_s: float, seed: int,
+             log_dir: Path | None, say: Any) -> dict[str, Any]:
+    say(f"{n} nodes, {mode}: starting")
+    swarm = IdleSwarm(n, log_dir=log_dir, discovery=mode)
+    try:
+        converged = swarm.wait_complete(180)
+        if converged is None:
+            return {"nodes": n, "discovery": mode, "error": "views did not converge within 180 s"}
+        if mode == "directory" and not _wait_directory(swarm, n, 60):
+            return {"nodes": n, "discovery": mode, "error": "placements did not converge within 60 s"}
+        time.sleep(settle_s)
+        say(f"{n} nodes, {mode}: idle window")
+        idle = measure_swarm(swarm, idle_s)
+        pids = swarm.pids
+        net0 = tcp_bytes_by_pid(set(pids))
+        cpu0 = [cpu_seconds(p) for p in pids]
+        say(f"{n} nodes, {mode}: {len(reqs)} requests")
+        results, errors, window = _drive(swarm, reqs)
+        cpu1 = [cpu_seconds(p) for p in pids]
+        net1 = tcp_bytes_by_pid(set(pids))
+        statuses = swarm.statuses(swarm.procs)
+    finally:
+        swarm.close()
+    ttft = [r["ttft_s"] * 1000.0 for r in results]
+    prompt = sum(r["prompt_tokens"] for r in results)
+    reused = sum(r["reused_tokens"] for r in results)
+    out: dict[str, Any] = {
+        "nodes": n,
+        "discovery": mode,
+        "requests": len(reqs),
+        "completed": len(results),
+        "errors": errors[:5],
+        "idle_cpu_per_node": idle["idle_cpu_per_node"],
+        "idle_cpu_per_node_stats": idle["idle_cpu_per_node_stats"],
+        "idle_bytes_in_per_node_per_s": idle.get("bytes_in_per_node_per_s"),
+        "rss_mib_per_node": idle["rss_mib_per_node"],
+        "cpu_s_per_request": round((sum(cpu1) - sum(cpu0)) / max(1, len(results)), 4),
+        "hit_rate": round(reused / prompt, 4) if prompt else 0.0,
+        "ttft_ms_mean": round(statistics.fmean(ttft), 1) if ttft else None,
+        "ttft_ms_p99": round(_pct(ttft, 99), 1) if ttft else None,
+        "served_remote_share": round(sum(not r["served_locally"] for r in results) / max(1, len(results)), 3),
+        "predicted_equals_realised_share": round(
+            sum(r["reused_tokens"] == r["predicted_reused_tokens"] for r in results) / max(1, len(results)), 3),
+        "workload_window_s": round(window, 1),
+        "load_average_1m": idle.get("load_average_1m"),
+    }
+    if net0 is not None and net1 is not None:
+        bytes_in = [(net1[p][0] - net0[p][0]) / window for p in pids if p in net0 and p in net1]
+        out["bytes_in_per_node_per_s"] = round(statistics.fmean(bytes_in), 1)
+        out["bytes_in_per_node_per_s_p99"] = round(_pct(bytes_in, 99), 1)
+        out["bytes_in_busiest_node_per_s"] = round(max(bytes_in), 1)
+        out["bytes_note"] = "TCP payload (tcp_info via ss) during the workload window, forwarded requests and answers included"
+    if mode == "directory":
+        dirs = [s["discovery"]["directory"] for s in statuses if s is not None and "directory" in s.get("discovery", {})]
+        out["directory_lookups"] = sum(d["lookups"] for d in dirs)
+        out["directory_blind"] = sum(d["blind"] for d in dirs)
+        out["dht_lookups"] = sum(d["dht_lookups"] for d in dirs)
+    say(f"{n} nodes, {mode}: simulating the same requests")
+    sim = simulate(n, mode, reqs, encoder, seed)
+    out["sim_ttft_ms_mean"] = sim["ttft_ms"]["mean"]
+    out["sim_ttft_ms_p99"] = sim["ttft_ms"]["p99"]
+    out["sim_hit_rate"] = sim["hit_rate"]
+    out["sim_bytes_in_per_node_per_s"] = sim.get("gossip_bytes_per_node_per_s")
+    if out["ttft_ms_mean"] and out["sim_ttft_ms_mean"]:
+        out["live_over_sim_ttft"] = round(out["ttft_ms_mean"] / out["sim_ttft_ms_mean"], 3)
+    return out
+
+
+def run_directory_bench(
+    node_counts: list[int],
+    *,
+    requests: int = 40,
+    rate: float = 1.0,
+    idle_s: float = 15.0,
+    settle_s: float = 5.0,
+    seed: int = 0,
+    popularity: str = "zipf:1",
+    log_dir: Path | None = None,
+    progress: Any = None,
+    partial: Any = None,
+) -> dict[str, Any]:
+    """Every node count, both modes on the same requests; ``partial(result)`` after each run."""
+    say = progress or (lambda _msg: None)
+    result: dict[str, Any] = {
+        "benchmark": "directory",
+        "setting": {"node_counts": node_counts, "requests": requests, "rate_per_s": rate, "idle_s": idle_s,
+                    "settle_s": settle_s, "seed": seed, "popularity": popularity, "engine": "simulated (calibrated cost model, speed 1.0)",
+                    "workload": "MMLU five-shot, subjects by popularity, 4 output tokens, approx tokenizer, Poisson arrivals, random entry"},
+        "runs": [],
+    }
+    for n in node_counts:
+        reqs, encoder = build_workload(n, requests, rate, seed, popularity)
+        for mode in MODES:
+            try:
+                run = run_once(n, mode, reqs, encoder, idle_s=idle_s, settle_s=settle_s, seed=seed, log_dir=log_dir, say=say)
+            except Exception as exc:  # a size that does not fit is a result too
+                run = {"nodes": n, "discovery": mode, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            result["runs"].append(run)
+            if partial is not None:
+                partial(with_provenance(dict(result)))
+    return with_provenance(result)
