@@ -162,6 +162,15 @@ class EngineQueue:
         ticket.started = True
         self.running += 1
 
+    def reuse(self, ticket: Ticket, reused: int) -> None:
+        """Its prefill reuses ``reused`` tokens after all (a planned restore
+        failed, say): it counts at that size. Only between :meth:`start` and
+        :meth:`prefilled`."""
+        if ticket.started and not ticket.finished and ticket.estimate:
+            uncached = len(ticket.tokens) - reused
+            self.queued += uncached - ticket.estimate
+            ticket.estimate = uncached
+
     def prefilled(self, ticket: Ticket, uncached: int = 0, ms_per_token: float | None = None) -> None:
         """Its prefill is done (no longer queued work); ``ms_per_token`` is
         what it measured for its ``uncached`` tokens, if timed."""
