@@ -111,6 +111,12 @@ def _take(buf: memoryview, off: int, fmt: str) -> tuple[tuple[int, ...], int]:
     return struct.unpack_from(fmt, buf, off), off + size
 
 
+def _bytes(buf: memoryview, off: int, count: int) -> np.ndarray:
+    if count < 0 or off + count > len(buf):
+        raise KvFormatError("the state blob ends early")
+    return np.frombuffer(buf, np.uint8, count, off)
+
+
 def parse(blob: bytes | bytearray | memoryview) -> KvSpan:
     """The one sequence a ``llama_state_seq_get_data`` blob holds, as a span.
 
@@ -131,7 +137,7 @@ def parse(blob: bytes | bytearray | memoryview) -> KvSpan:
             continue
         if found is not None:
             raise KvFormatError("the blob holds cells in more than one stream")
-        meta = np.frombuffer(buf, dtype=np.dtype([("pos", "<i4"), ("n", "<u4"), ("seq", "<i4")]), count=cells, offset=off)
+        meta = _bytes(buf, off, 12 * cells).view(np.dtype([("pos", "<i4"), ("n", "<u4"), ("seq", "<i4")]))
         off += meta.nbytes
         if not (meta["n"] == 1).all():
             raise KvFormatError("cells with several sequences or extra cell data are not supported")
@@ -147,7 +153,7 @@ def parse(blob: bytes | bytearray | memoryview) -> KvSpan:
         for _ in range(n_layer):
             (k_type, row), off = _take(buf, off, "<iQ")
             k_meta.append((k_type, row))
-            k.append(np.frombuffer(buf, np.uint8, cells * row, off).reshape(cells, row))
+            k.append(_bytes(buf, off, cells * row).reshape(cells, row))
             off += cells * row
         v_meta: list[tuple[int, int, int]] = []
         v: list[np.ndarray] = []
@@ -155,12 +161,12 @@ def parse(blob: bytes | bytearray | memoryview) -> KvSpan:
             if v_trans:
                 (v_type, el, rows), off = _take(buf, off, "<iII")
                 v_meta.append((v_type, el, rows))
-                v.append(np.frombuffer(buf, np.uint8, rows * cells * el, off).reshape(rows, cells * el))
+                v.append(_bytes(buf, off, rows * cells * el).reshape(rows, cells * el))
                 off += rows * cells * el
             else:
                 (v_type, row), off = _take(buf, off, "<iQ")
                 v_meta.append((v_type, row, 1))
-                v.append(np.frombuffer(buf, np.uint8, cells * row, off).reshape(cells, row))
+                v.append(_bytes(buf, off, cells * row).reshape(cells, row))
                 off += cells * row
         layout = KvLayout(n_stream, bool(v_trans), tuple(k_meta), tuple(v_meta))
         found = KvSpan(layout, start, k, v)
