@@ -48,6 +48,7 @@ COMMAND_MODULES = [
     "p2pinfer.cli.bench_idle",
     "p2pinfer.cli.lab_reproduce",
     "p2pinfer.cli.lab_dashboard",
+    "p2pinfer.cli.bench_concurrency",
 ]
 
 
