@@ -75,8 +75,6 @@ __all__ = ["LlamaCppEngine", "default_slots"]
 
 log = logging.getLogger("p2pinfer.engines.llama_cpp")
 
-_EWMA = 0.25
-"""Weight of the newest measurement in the decode speed estimate."""
 MAX_SLOTS = 64
 
 
@@ -236,7 +234,6 @@ class LlamaCppEngine(Engine):
             slots=self.slots,
             max_reuse=_max_reuse,
         )
-        self._decode_ms: float | None = None
         self._closed = False
         from .slot_loop import SlotLoop  # noqa: PLC0415 - imports llama_cpp
 
@@ -334,7 +331,7 @@ class LlamaCppEngine(Engine):
 
     # -- load --------------------------------------------------------------------
     def load(self) -> Load:
-        return self.queue.load()
+        return self.queue.load(time.perf_counter())
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
@@ -352,7 +349,7 @@ class LlamaCppEngine(Engine):
             cache_spans=len(self._store),
             kv_bytes_per_token=self.bytes_per_token,
             prefill_ms_per_token=self.queue.ms_per_token if self.queue.speed_measured else None,
-            decode_ms_per_token=self._decode_ms,
+            decode_ms_per_token=self.queue.decode_ms_per_token,
             slots=self.slots,
             busy_slots=self._loop.busy_slots,
         )
@@ -368,7 +365,7 @@ class LlamaCppEngine(Engine):
         prompt = list(tokens)
         n = len(prompt)
         try:
-            ticket = self.queue.admit(prompt, self._cache.match(prompt, touch=False))
+            ticket = self.queue.admit(prompt, self._cache.match(prompt, touch=False), params.max_tokens)
         except QueueFull as exc:
             raise EngineOverloadedError(str(exc)) from None
         send, receive = trio.open_memory_channel[Any](math.inf)  # a slow reader never holds up the loop
@@ -512,7 +509,12 @@ class LlamaCppEngine(Engine):
                 self.queue.reuse(req.ticket, event.reused)  # a restore failed: it computes more
         elif isinstance(event, Prefilled):
             new = len(req.tokens) - req.reused
-            self.queue.prefilled(req.ticket, new, event.prefill_s * 1000 / new if new and event.prefill_s > 0 else None)
+            self.queue.prefilled(
+                req.ticket,
+                new,
+                event.prefill_s * 1000 / new if new and event.prefill_s > 0 else None,
+                now=time.perf_counter(),
+            )
             if event.span is not None:
                 self._store.insert(req.tokens, event.span.start, event.span)
                 self._drop_phantoms()
@@ -523,8 +525,7 @@ class LlamaCppEngine(Engine):
             self._admit()  # requests waiting for this prefix may go now
         elif isinstance(event, (Finished, Failed)):
             if isinstance(event, Finished) and event.decode_steps >= 2:
-                ms = event.decode_s * 1000 / event.decode_steps
-                self._decode_ms = ms if self._decode_ms is None else (1 - _EWMA) * self._decode_ms + _EWMA * ms
+                self.queue.decode_measured(event.decode_s * 1000 / event.decode_steps)
             self._end(req)
 
     def _unpin(self, req: _Request) -> None:

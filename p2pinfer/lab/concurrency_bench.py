@@ -183,7 +183,7 @@ class P2pinferNode(ServerUnderTest):
 
     def __init__(self, model_path: str, *, threads: int, context_size: int, slots: int | None) -> None:
         super().__init__()
-        from ..local_swarm import LocalSwarm
+        from .local_swarm import LocalSwarm
 
         args = ["--model", model_path, "--threads", str(threads), "--context", str(context_size)]
         if slots:

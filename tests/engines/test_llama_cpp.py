@@ -308,22 +308,26 @@ async def test_load_counts_queued_prefill_and_prompts_are_prefilled_in_order(eng
     assert load.prefill_ms_per_token > 0
 
 
-async def _alone(engine: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+async def _alone(
+    engine: Any, prompts: list[list[int]], max_tokens: int, params: list[dict[str, Any]] | None = None
+) -> list[list[int]]:
     out = []
-    for p in prompts:
+    for i, p in enumerate(prompts):
         engine.cache.clear()
-        tokens, _, rec = await _run(engine, p, max_tokens=max_tokens)
+        tokens, _, rec = await _run(engine, p, max_tokens=max_tokens, **(params[i] if params else {}))
         assert rec.reused_tokens == 0
         out.append(tokens)
     engine.cache.clear()
     return out
 
 
-async def _together(engine: Any, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], GenerationRecord]]:
+async def _together(
+    engine: Any, prompts: list[list[int]], max_tokens: int, params: list[dict[str, Any]] | None = None
+) -> list[tuple[list[int], GenerationRecord]]:
     results: list[Any] = [None] * len(prompts)
 
     async def one(i: int) -> None:
-        tokens, _, rec = await _run(engine, prompts[i], max_tokens=max_tokens)
+        tokens, _, rec = await _run(engine, prompts[i], max_tokens=max_tokens, **(params[i] if params else {}))
         results[i] = (tokens, rec)
 
     async with trio.open_nursery() as nursery:
@@ -334,12 +338,17 @@ async def _together(engine: Any, prompts: list[list[int]], max_tokens: int) -> l
 
 async def test_concurrent_greedy_requests_give_the_same_tokens_as_alone(engine: Any) -> None:
     """More requests than slots, prompts of different lengths: every request's
-    greedy tokens are the ones it gets alone (the guarantee: a request's
-    logits do not depend on the other requests in the batch)."""
+    tokens are the ones it gets alone (the guarantee: a request's logits do
+    not depend on the other requests in the batch, and its sampler sees
+    only its own), greedy and, for every third one, seeded sampling."""
     texts = _texts(engine, engine.slots + 2, 260)
     prompts = [t[: 40 + 37 * i] for i, t in enumerate(texts)]
-    alone = await _alone(engine, prompts, 12)
-    together = await _together(engine, prompts, 12)
+    params: list[dict[str, Any]] = [
+        {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 1000 + i} if i % 3 == 1 else {}
+        for i in range(len(prompts))
+    ]
+    alone = await _alone(engine, prompts, 12, params)
+    together = await _together(engine, prompts, 12, params)
     assert [tokens for tokens, _ in together] == alone
     slots = {rec.extra["slot"] for _, rec in together}
     assert len(slots) == engine.slots, "every slot served"
