@@ -389,6 +389,7 @@ def run_concurrency_bench(
         "max_tokens": max_tokens,
         "requests_per_client": requests_per_client,
         "slots": engine_slots,
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
     say("single stream: engine against Llama")
     result.update(
@@ -436,4 +437,5 @@ def run_concurrency_bench(
     finally:
         for server in servers:
             server.stop()
+    result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return result
