@@ -150,6 +150,16 @@ class JobCancelled(Exception):
 
 @dataclass(frozen=True, slots=True)
 class SamplerSpec:
+    """Everything that decides how one request picks its tokens, in one place.
+
+    The engine builds it from the request's ``GenerationParams``; the slot
+    loop reads it once per slot at admission and :meth:`LlamaRuntime.new_sampler`
+    turns it into that request's own llama.cpp sampler chain. New per-request
+    sampling features (grammar, repetition penalties, logit bias) belong here
+    and in ``new_sampler``; whatever reads the logits (logprobs) reads the
+    request's own row, ``LlamaRuntime.logits(index)``, in the loop.
+    """
+
     temperature: float
     top_k: int
     top_p: float
