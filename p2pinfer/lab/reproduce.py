@@ -31,8 +31,8 @@ __all__ = ["PUBLISHED", "Published", "Moved", "diff_json", "reproduce"]
 SIM_TOLERANCE = 1e-6
 """Relative: a seeded simulator run on the same code gives the same numbers."""
 
-IGNORED = re.compile(r"(^|_)(wall_s|decision_us_p\d+|directory_query_us_p\d+|us_p50|us_p99)$|^(provenance|files|measured_at)$")
-"""Keys whose values measure this machine (or say where files went), not the experiment."""
+IGNORED = re.compile(r"(^|_)(wall_s|decision_us_p\d+|directory_query_us_p\d+|us_p50|us_p99)$|^(provenance|files|measured_at|replayed_from)$")
+"""Keys whose values measure this machine (or say where files were), not the experiment."""
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ comes straight from its signer also lowers the signer's gossipsub score.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 import logging
 import random
@@ -42,6 +42,7 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 
+from .origin_rate import OriginRateLimit
 from ..core.digest import Digest
 from ..core.router import AnnounceSchedule, Router
 from ..engines.base import Engine
@@ -92,7 +93,7 @@ class GossipService:
         self._sanctions = sanctions
         self._other_models = other_models
         self._decoded: OrderedDict[bytes, Digest | LoadInfo] = OrderedDict()
-        self._rates: dict[str, deque[float]] = {}
+        self._rates = OriginRateLimit(_MAX_MSGS_PER_ORIGIN_PER_S)
         self._last_delta = 0.0
         self.schedule = AnnounceSchedule(router.config.gossip)
         self._digest_changed = Wakeup()
@@ -114,7 +115,7 @@ class GossipService:
                 raise GossipRejected("distrusted")
             if self._other_models is not None and sender in self._other_models:
                 raise GossipRejected("other-model")
-            if not self._within_rate(sender):
+            if not self._rates.allow(sender):
                 raise GossipRejected("rate")
             decoded = decode_gossip(msg.data, sender=sender, fingerprint=self.router.fingerprint_hex)
         except GossipRejected as exc:
@@ -128,19 +129,6 @@ class GossipService:
         self._decoded[msg.from_id + msg.seqno] = decoded
         while len(self._decoded) > _DECODED_CACHE:
             self._decoded.popitem(last=False)
-        return True
-
-    def _within_rate(self, sender: str) -> bool:
-        now = time.monotonic()
-        window = self._rates.setdefault(sender, deque())
-        while window and now - window[0] > 1.0:
-            window.popleft()
-        if len(window) >= _MAX_MSGS_PER_ORIGIN_PER_S:
-            return False
-        window.append(now)
-        if len(self._rates) > 4096:  # forget idle origins
-            for key in [k for k, w in self._rates.items() if not w or now - w[-1] > 5.0]:
-                del self._rates[key]
         return True
 
     # -- running -------------------------------------------------------------------------

@@ -14,7 +14,6 @@ The validator drops malformed, oversized, spoofed and over-rate messages
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 import logging
 import random
@@ -27,6 +26,7 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 
+from .origin_rate import OriginRateLimit
 from ..core.swarm_models import SwarmModels
 from .counters import NodeCounters
 from .sanctions import PeerSanctions
@@ -63,7 +63,7 @@ class ModelGossip:
         self.interval_s = interval_s
         self._on_heard = on_heard
         self._sanctions = sanctions
-        self._rates: dict[str, deque[float]] = {}
+        self._rates = OriginRateLimit(_MAX_PER_ORIGIN_PER_S)
         self._answer = trio.Event()
         self.published = 0
 
@@ -78,25 +78,12 @@ class ModelGossip:
         try:
             if self._sanctions is not None and self._sanctions.is_distrusted(sender):
                 raise GossipRejected("distrusted")
-            if not self._within_rate(sender):
+            if not self._rates.allow(sender):
                 raise GossipRejected("rate")
             decode_model_announcement(msg.data, sender=sender)
         except GossipRejected as exc:
             self.counters.gossip_rejected[exc.reason] += 1
             return False
-        return True
-
-    def _within_rate(self, sender: str) -> bool:
-        now = time.monotonic()
-        window = self._rates.setdefault(sender, deque())
-        while window and now - window[0] > 1.0:
-            window.popleft()
-        if len(window) >= _MAX_PER_ORIGIN_PER_S:
-            return False
-        window.append(now)
-        if len(self._rates) > 4096:
-            for key in [k for k, w in self._rates.items() if not w or now - w[-1] > 5.0]:
-                del self._rates[key]
         return True
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
