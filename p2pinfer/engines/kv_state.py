@@ -27,6 +27,16 @@ anything else)::
 
 The stream count is the context's ``n_seq_max``; spans here do not carry
 it, so they could even be restored into a context with another slot count.
+
+A model with an interleaved sliding-window cache (``llama_kv_cache_iswa``,
+Gemma 2 and 3 for example) writes **two** such sections after the header:
+its full-attention layers, then its sliding-window layers
+(``llama_kv_cache_iswa::state_write``). The second holds only the cells
+not masked for the sequence's last position, the last ``n_swa`` positions,
+so a span can be cut from such a blob only while the sequence is no longer
+than the window (every section then holds the same positions);
+:func:`parse` raises :class:`KvWindowError` otherwise, and the runtime
+caches only prompts that fit (``LlamaRuntime.cache_window``).
 """
 
 from __future__ import annotations
@@ -37,14 +47,22 @@ import struct
 
 import numpy as np
 
-__all__ = ["KvFormatError", "KvLayout", "KvSpan", "encode", "parse"]
+__all__ = ["KvFormatError", "KvLayout", "KvSpan", "KvWindowError", "MAX_SECTIONS", "encode", "parse"]
 
 MAGIC = 0xAF143CD8
 """llama.cpp's ``io_magic`` at the head of every sequence state blob."""
 
+MAX_SECTIONS = 4
+"""KV cache sections one blob may hold (llama.cpp writes 1, or 2 for an iSWA cache)."""
+
 
 class KvFormatError(ValueError):
     """A state blob is not in the format this module reads (another llama.cpp?)."""
+
+
+class KvWindowError(KvFormatError):
+    """The blob's sections hold different positions: a sliding-window section
+    kept only its last window, so no span of the whole sequence can be cut."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +75,23 @@ class KvLayout:
     """Per layer (ggml type, bytes per cell)."""
     v: tuple[tuple[int, int, int], ...]
     """Per layer (ggml type, bytes per element or per row, embedding rows if transposed else 1)."""
+    sections: tuple[int, ...] = ()
+    """Layers per KV cache section, in blob order (``k`` and ``v`` list the
+    layers of all sections one after the other); ``()`` means one section."""
+
+    @property
+    def layers_per_section(self) -> tuple[int, ...]:
+        return self.sections or (len(self.k),)
 
     @property
     def bytes_per_token(self) -> int:
         return sum(r for _, r in self.k) + sum(el * rows for _, el, rows in self.v)
 
     def blob_size(self, cells: int) -> int:
-        head = 8 + 4 + 4 * self.n_stream + 8
+        n_sections = len(self.layers_per_section)
+        head = 8 + n_sections * (4 + 4 * self.n_stream + 8)
         per_layer = 12 * (len(self.k) + len(self.v))
-        return head + per_layer + cells * (12 + self.bytes_per_token)
+        return head + per_layer + cells * (12 * n_sections + self.bytes_per_token)
 
 
 @dataclass(eq=False, slots=True)
@@ -117,20 +143,16 @@ def _bytes(buf: memoryview, off: int, count: int) -> np.ndarray:
     return np.frombuffer(buf, np.uint8, count, off)
 
 
-def parse(blob: bytes | bytearray | memoryview) -> KvSpan:
-    """The one sequence a ``llama_state_seq_get_data`` blob holds, as a span.
-
-    Its positions must be consecutive and in cell order (as a sequence that
-    was evaluated from position ``start`` on always is). The arrays are
-    views of ``blob``: slice them before keeping them for long.
-    """
-    buf = memoryview(blob).cast("B")
-    (magic, _seq, n_stream), off = _take(buf, 0, "<IiI")
-    if magic != MAGIC:
-        raise KvFormatError(f"not a sequence state blob (magic {magic:#x})")
+def _section(buf: memoryview, off: int, cells_seen: list[tuple[int, int]]) -> tuple[
+    tuple[int, bool, int, int, list[tuple[int, int]], list[np.ndarray], list[tuple[int, int, int]], list[np.ndarray]] | None,
+    int,
+]:
+    """One ``llama_kv_cache::state_write`` section at ``off``: (n_stream,
+    v_trans, start, cells, k meta, k, v meta, v), or None if no stream holds cells."""
+    (n_stream,), off = _take(buf, off, "<I")
     if not 1 <= n_stream <= 1 << 16:
         raise KvFormatError(f"implausible stream count {n_stream}")
-    found: KvSpan | None = None
+    found = None
     for _ in range(n_stream):
         (cells,), off = _take(buf, off, "<I")
         if cells == 0:
@@ -145,6 +167,7 @@ def parse(blob: bytes | bytearray | memoryview) -> KvSpan:
         start = int(pos[0])
         if not np.array_equal(pos, np.arange(start, start + cells, dtype=pos.dtype)):
             raise KvFormatError("the sequence's positions are not consecutive in cell order")
+        cells_seen.append((start, cells))
         (v_trans, n_layer), off = _take(buf, off, "<II")
         if v_trans not in (0, 1):
             raise KvFormatError(f"v_trans is {v_trans}")
@@ -168,13 +191,50 @@ def parse(blob: bytes | bytearray | memoryview) -> KvSpan:
                 v_meta.append((v_type, row, 1))
                 v.append(_bytes(buf, off, cells * row).reshape(cells, row))
                 off += cells * row
-        layout = KvLayout(n_stream, bool(v_trans), tuple(k_meta), tuple(v_meta))
-        found = KvSpan(layout, start, k, v)
-    if off != len(buf):
-        raise KvFormatError(f"{len(buf) - off} bytes left over after the last stream")
-    if found is None:
+        found = (n_stream, bool(v_trans), start, cells, k_meta, k, v_meta, v)
+    return found, off
+
+
+def parse(blob: bytes | bytearray | memoryview) -> KvSpan:
+    """The one sequence a ``llama_state_seq_get_data`` blob holds, as a span.
+
+    Its positions must be consecutive and in cell order (as a sequence that
+    was evaluated from position ``start`` on always is), and every section
+    must hold the same positions: a sliding-window section that has dropped
+    older positions raises :class:`KvWindowError`. The arrays are views of
+    ``blob``: slice them before keeping them for long.
+    """
+    buf = memoryview(blob).cast("B")
+    (magic, _seq), off = _take(buf, 0, "<Ii")
+    if magic != MAGIC:
+        raise KvFormatError(f"not a sequence state blob (magic {magic:#x})")
+    sections = []
+    seen: list[tuple[int, int]] = []
+    while True:
+        if len(sections) == MAX_SECTIONS:
+            raise KvFormatError(f"{len(buf) - off} bytes left over after {MAX_SECTIONS} KV cache sections")
+        section, off = _section(buf, off, seen)
+        sections.append(section)
+        if off == len(buf):
+            break
+    if any(s is None for s in sections):
+        if any(s is not None for s in sections):
+            raise KvWindowError(f"one KV cache section holds no cells of the sequence, another {seen}")
         raise KvFormatError("the blob holds no cells")
-    return found
+    held = [(s[2], s[3]) for s in sections]  # type: ignore[index]
+    if len(set(held)) > 1:
+        (a0, n0), (a1, n1) = held[0], next(h for h in held if h != held[0])
+        raise KvWindowError(
+            f"the KV cache sections hold different positions ({a0}..{a0 + n0 - 1} and {a1}..{a1 + n1 - 1}): "
+            "a sliding-window cache keeps only its last window"
+        )
+    if len({(s[0], s[1]) for s in sections}) > 1:  # type: ignore[index]
+        raise KvFormatError("the KV cache sections differ in stream count or V layout")
+    n_stream, v_trans, start = sections[0][0], sections[0][1], sections[0][2]  # type: ignore[index]
+    k_meta = tuple(m for s in sections for m in s[4])  # type: ignore[index]
+    v_meta = tuple(m for s in sections for m in s[6])  # type: ignore[index]
+    layout = KvLayout(n_stream, v_trans, k_meta, v_meta, tuple(len(s[4]) for s in sections))  # type: ignore[index]
+    return KvSpan(layout, start, [a for s in sections for a in s[5]], [a for s in sections for a in s[7]])  # type: ignore[index]
 
 
 def encode(pieces: Sequence[tuple[KvSpan, int, int]], layout: KvLayout) -> bytearray:
@@ -191,44 +251,55 @@ def encode(pieces: Sequence[tuple[KvSpan, int, int]], layout: KvLayout) -> bytea
     for span, start, end in pieces:
         if start != expected or not span.start <= start < end <= span.end:
             raise ValueError(f"piece {start}..{end} does not continue at {expected} inside its span")
-        if (span.layout.v_trans, span.layout.k, span.layout.v) != (layout.v_trans, layout.k, layout.v):
+        if (span.layout.v_trans, span.layout.k, span.layout.v, span.layout.layers_per_section) != (
+            layout.v_trans, layout.k, layout.v, layout.layers_per_section
+        ):
             raise KvFormatError("a span comes from a context with another KV layout")
         expected = end
     p0 = pieces[0][1]
     cells = expected - p0
     out = bytearray(layout.blob_size(cells))
     buf = memoryview(out)
-    struct.pack_into("<IiII", buf, 0, MAGIC, 0, layout.n_stream, cells)  # the cells go in the first stream
-    off = 16
-    meta = np.frombuffer(buf, dtype=np.dtype([("pos", "<i4"), ("n", "<u4"), ("seq", "<i4")]), count=cells, offset=off)
-    meta["pos"] = np.arange(p0, p0 + cells, dtype="<i4")
-    meta["n"] = 1
-    meta["seq"] = 0
-    off += meta.nbytes
-    struct.pack_into("<II", buf, off, int(layout.v_trans), len(layout.k))
-    off += 8
-    for il, (k_type, row) in enumerate(layout.k):
-        struct.pack_into("<iQ", buf, off, k_type, row)
-        off += 12
-        dest = np.frombuffer(buf, np.uint8, cells * row, off).reshape(cells, row)
-        for span, start, end in pieces:
-            dest[start - p0 : end - p0] = span.k[il][start - span.start : end - span.start]
-        off += cells * row
-    for il, (v_type, el, rows) in enumerate(layout.v):
-        if layout.v_trans:
-            struct.pack_into("<iII", buf, off, v_type, el, rows)
+    struct.pack_into("<Ii", buf, 0, MAGIC, 0)
+    off = 8
+    first = 0
+    cell_meta = np.dtype([("pos", "<i4"), ("n", "<u4"), ("seq", "<i4")])
+    for n_layer in layout.layers_per_section:
+        struct.pack_into("<II", buf, off, layout.n_stream, cells)  # the cells go in the first stream
+        off += 8
+        meta = np.frombuffer(buf, dtype=cell_meta, count=cells, offset=off)
+        meta["pos"] = np.arange(p0, p0 + cells, dtype="<i4")
+        meta["n"] = 1
+        meta["seq"] = 0
+        off += meta.nbytes
+        struct.pack_into("<II", buf, off, int(layout.v_trans), n_layer)
+        off += 8
+        for il in range(first, first + n_layer):
+            k_type, row = layout.k[il]
+            struct.pack_into("<iQ", buf, off, k_type, row)
             off += 12
-            dest = np.frombuffer(buf, np.uint8, rows * cells * el, off).reshape(rows, cells * el)
+            dest = np.frombuffer(buf, np.uint8, cells * row, off).reshape(cells, row)
             for span, start, end in pieces:
-                a, b = start - span.start, end - span.start
-                dest[:, (start - p0) * el : (end - p0) * el] = span.v[il][:, a * el : b * el]
-            off += rows * cells * el
-        else:
-            struct.pack_into("<iQ", buf, off, v_type, el)
-            off += 12
-            dest = np.frombuffer(buf, np.uint8, cells * el, off).reshape(cells, el)
-            for span, start, end in pieces:
-                dest[start - p0 : end - p0] = span.v[il][start - span.start : end - span.start]
-            off += cells * el
-    assert off + 4 * (layout.n_stream - 1) == len(out)  # the other streams: cell count 0 (already zero)
+                dest[start - p0 : end - p0] = span.k[il][start - span.start : end - span.start]
+            off += cells * row
+        for il in range(first, first + n_layer):
+            v_type, el, rows = layout.v[il]
+            if layout.v_trans:
+                struct.pack_into("<iII", buf, off, v_type, el, rows)
+                off += 12
+                dest = np.frombuffer(buf, np.uint8, rows * cells * el, off).reshape(rows, cells * el)
+                for span, start, end in pieces:
+                    a, b = start - span.start, end - span.start
+                    dest[:, (start - p0) * el : (end - p0) * el] = span.v[il][:, a * el : b * el]
+                off += rows * cells * el
+            else:
+                struct.pack_into("<iQ", buf, off, v_type, el)
+                off += 12
+                dest = np.frombuffer(buf, np.uint8, cells * el, off).reshape(cells, el)
+                for span, start, end in pieces:
+                    dest[start - p0 : end - p0] = span.v[il][start - span.start : end - span.start]
+                off += cells * el
+        off += 4 * (layout.n_stream - 1)  # the other streams: cell count 0 (already zero)
+        first += n_layer
+    assert off == len(out)
     return out

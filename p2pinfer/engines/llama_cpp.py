@@ -32,6 +32,13 @@ the loop posts events back, which a trio callback handles at once
 (whatever the request's consumer is doing) before handing them to the
 request's task. A cancelled request leaves its slot at the loop's next step
 boundary; the engine counts the slot free at once.
+
+A model with an interleaved sliding-window KV cache (Gemma 3) caches only
+prompts of at most ``cache_window`` tokens: llama.cpp keeps just the last
+window of its sliding-window layers, so a longer prompt leaves no span that
+could be restored exactly. Longer prompts are served without saving their
+KV (counted in ``prompts_not_cached``; ``describe()`` and ``p2pinfer
+doctor`` say so).
 """
 
 from __future__ import annotations
@@ -113,6 +120,8 @@ class _Request:
     admitted_at: float | None = None
     first_token_at: float | None = None
     slot: int = -1
+    cached: bool = True
+    """Its prompt's KV is saved into the cache once evaluated (see ``cache_window``)."""
 
 
 class LlamaCppEngine(Engine):
@@ -218,6 +227,15 @@ class LlamaCppEngine(Engine):
         if cache_tokens is None:
             budget = int((1024.0 if cache_mib is None else cache_mib) * (1 << 20))
             cache_tokens = max(0, budget // self.bytes_per_token)
+        self.cache_window = self._rt.cache_window
+        """Longest prompt the prefix cache takes, or None (see :attr:`LlamaRuntime.cache_window`)."""
+        self.prompts_not_cached = 0
+        """Prompts longer than :attr:`cache_window`, served without saving their KV."""
+        if self.cache_window is not None:
+            log.info(
+                "%s has a sliding-window KV cache: only prompts of at most %d tokens are cached",
+                path.name, self.cache_window,
+            )
         self._cache = RadixTree(capacity_tokens=cache_tokens)
         self._store: SegmentStore[KvSpan] = SegmentStore(self._cache)
         self._model_name = path.name.removesuffix(".gguf")
@@ -356,6 +374,8 @@ class LlamaCppEngine(Engine):
             cache_capacity_tokens=self._cache.capacity_tokens,
             cache_bytes=self.cache_bytes(),
             cache_spans=len(self._store),
+            cache_window_tokens=self.cache_window,
+            prompts_not_cached=self.prompts_not_cached,
             kv_bytes_per_token=self.bytes_per_token,
             prefill_ms_per_token=self.queue.ms_per_token if self.queue.speed_measured else None,
             decode_ms_per_token=self.queue.decode_ms_per_token,
@@ -452,7 +472,7 @@ class LlamaCppEngine(Engine):
         """
         if self._closed:
             return
-        ahead: list[list[int]] = [r.tokens for r in self._running if r.in_prefill]
+        ahead: list[list[int]] = [r.tokens for r in self._running if r.in_prefill and r.cached]
         for req in list(self._waiting):
             if not self.queue.can_start():
                 break
@@ -478,6 +498,9 @@ class LlamaCppEngine(Engine):
         req.spans_used = len(restore)
         req.matched = sum(upto - seg.start for seg, upto in plan)
         self.queue.start(req.ticket, req.matched)  # it counts at its true size now (what the cache gives)
+        if self.cache_window is not None and n > self.cache_window:
+            req.cached = False  # its sliding-window layers keep only the last window: no span to cut
+            self.prompts_not_cached += 1
         p = req.params
         req.job = SlotJob(
             tokens=req.tokens,
@@ -486,7 +509,7 @@ class LlamaCppEngine(Engine):
             post=self._poster(req),
             stop=p.stop,
             restore=restore,  # type: ignore[arg-type]
-            save_from=req.matched,
+            save_from=req.matched if req.cached else None,
         )
         req.in_prefill = True
         req.admitted_at = time.perf_counter()

@@ -47,7 +47,7 @@ import blake3
 import llama_cpp as _ll
 
 from .base import TokenLogprob
-from .kv_state import KvFormatError, KvLayout, KvSpan, encode, parse
+from .kv_state import KvFormatError, KvLayout, KvSpan, KvWindowError, encode, parse
 
 __all__ = [
     "CPU_REPACK_UPSTREAM_ISSUE",
@@ -261,6 +261,19 @@ class LlamaRuntime:
         except BaseException:
             self.close()
             raise
+        self.cache_window: int | None = None
+        """Longest sequence a span can be saved from, or None for no limit.
+
+        A model with an interleaved sliding-window KV cache (two sections in
+        its state blob: full-attention layers, then sliding-window layers)
+        keeps only the last ``n_swa`` positions of the sliding-window layers,
+        so a span of the whole sequence exists only while it is at most
+        ``n_swa`` long (see :mod:`~p2pinfer.engines.kv_state`). Restoring such
+        a span puts every position in the same cell as evaluating it would,
+        in both sections, so a cache hit stays exact.
+        """
+        if len(self.layout.layers_per_section) > 1:
+            self.cache_window = max(0, int(_ll.llama_model_n_swa(model)))
 
     # -- lifetime ----------------------------------------------------------
     def close(self) -> None:
@@ -548,6 +561,8 @@ class LlamaRuntime:
             raise DecodeError(f"llama_state_seq_get_data wrote {got} of {size} bytes")
         try:
             whole = parse(blob)
+        except KvWindowError as exc:
+            raise DecodeError(f"sequence {seq} is longer than the sliding window: {exc}") from exc
         except KvFormatError as exc:
             raise DecodeError(f"unexpected KV state format: {exc}") from exc
         return whole.slice(start, end)
