@@ -58,6 +58,15 @@ _MIN_SPACING_S = 1.0
 _MAX_PEERS_LISTED = 32
 
 
+def _newer_target(queued: tuple[int, int], wanted: tuple[int, int]) -> tuple[int, int]:
+    """The (epoch, version) a queued pull must reach once ``wanted`` is asked for too."""
+    if queued[0] < 0 or wanted[0] < 0:
+        return (-1, 0)  # an unconditional pull covers any check
+    if queued[0] != wanted[0]:
+        return wanted  # a newer epoch (a restart) replaces the old target
+    return (queued[0], max(queued[1], wanted[1]))
+
+
 class DigestPuller:
     def __init__(
         self,
@@ -81,8 +90,9 @@ class DigestPuller:
         self._known_peers = known_peers
         self._learn = learn
         self._timeout_s = timeout_s
-        self._send, self._recv = trio.open_memory_channel[tuple[str, int, int, float]](1024)
-        self._queued: set[str] = set()
+        self._send, self._recv = trio.open_memory_channel[tuple[str, float]](1024)
+        self._queued: dict[str, tuple[int, int]] = {}
+        """Peers waiting for a pull, each with the (epoch, version) it must reach (epoch -1: pull anyway)."""
         self._last_pull: dict[str, float] = {}
 
     # -- serving ------------------------------------------------------------------
@@ -129,13 +139,18 @@ class DigestPuller:
         With ``epoch``/``version`` the pull happens only if our copy is still
         older after ``delay_s`` (the delta may simply be in flight).
         """
-        if peer_id in self._queued:
+        queued = self._queued.get(peer_id)
+        if queued is not None:
+            # One pull per peer in the queue, but it must answer the newest
+            # reason: a gap at v5 reported while a check for v0 waits would
+            # otherwise be dropped, and the v0 check finds nothing to pull.
+            self._queued[peer_id] = _newer_target(queued, (epoch, version))
             return
         try:
-            self._send.send_nowait((peer_id, epoch, version, time.monotonic() + delay_s))
+            self._send.send_nowait((peer_id, time.monotonic() + delay_s))
         except trio.WouldBlock:
             return
-        self._queued.add(peer_id)
+        self._queued[peer_id] = (epoch, version)
 
     def _still_behind(self, peer_id: str, epoch: int, version: int) -> bool:
         if epoch < 0:
@@ -147,13 +162,14 @@ class DigestPuller:
         limiter = trio.CapacityLimiter(4)
         async with trio.open_nursery() as nursery:
             task_status.started()
-            async for peer_id, epoch, version, due in self._recv:
-                nursery.start_soon(self._pull_when_due, limiter, peer_id, epoch, version, due)
+            async for peer_id, due in self._recv:
+                nursery.start_soon(self._pull_when_due, limiter, peer_id, due)
 
-    async def _pull_when_due(self, limiter: trio.CapacityLimiter, peer_id: str, epoch: int, version: int, due: float) -> None:
+    async def _pull_when_due(self, limiter: trio.CapacityLimiter, peer_id: str, due: float) -> None:
         try:
             earliest = max(due, self._last_pull.get(peer_id, 0.0) + _MIN_SPACING_S)
             await trio.sleep(max(0.0, earliest - time.monotonic()))
+            epoch, version = self._queued.get(peer_id, (-1, 0))
             if not self._still_behind(peer_id, epoch, version):
                 return
             if self._sanctions is not None and self._sanctions.is_distrusted(peer_id):
@@ -162,7 +178,7 @@ class DigestPuller:
                 self._last_pull[peer_id] = time.monotonic()
                 await self.pull(peer_id)
         finally:
-            self._queued.discard(peer_id)
+            self._queued.pop(peer_id, None)
 
     async def pull(self, peer_id: str) -> bool:
         """Fetch and apply ``peer_id``'s full digest; False when that failed."""

@@ -130,13 +130,35 @@ async def test_node_keeps_serving_after_bad_input(api: Api) -> None:
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
 
-async def test_saturated_node_answers_503_with_retry_after(api: Api) -> None:
-    api.limits.max_concurrent = 0  # as if every slot were taken
-    r = await trio.to_thread.run_sync(
-        lambda: httpx.post(api.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
-    )
-    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
-    assert r.json()["error"]["code"] == "overloaded"
+async def test_saturated_node_answers_503_with_retry_after(nursery: trio.Nursery) -> None:
+    # A node whose one admission slot is really taken by a request in flight
+    # (the simulated engine at its calibrated speed: sleeps, not CPU work).
+    from p2pinfer.api import ApiLimits, serve_http
+    from p2pinfer.node import Node, NodeConfig
+
+    config = NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), engine="simulated", engine_options={"speed": 1.0})
+    async with Node(config) as node:
+        limits = ApiLimits(max_concurrent=1)
+        host, port = await nursery.start(lambda task_status: serve_http(node, "127.0.0.1", 0, limits=limits, task_status=task_status))
+        url = f"http://{host}:{port}/v1/completions"
+
+        def call() -> tuple[httpx.Response, int, httpx.Response]:
+            with httpx.Client(timeout=60) as http:
+                with http.stream("POST", url, json={"prompt": "x", "max_tokens": 100, "stream": True}) as first:
+                    lines = first.iter_lines()
+                    next(line for line in lines if line.startswith("data: "))  # it is being served
+                    refused = http.post(url, json={"prompt": "x", "max_tokens": 1})
+                    in_flight = limits.active
+                    for _ in lines:  # let it finish
+                        pass
+                return refused, in_flight, http.post(url, json={"prompt": "x", "max_tokens": 1})
+
+        refused, in_flight, after = await trio.to_thread.run_sync(call)
+        assert in_flight == 1
+        assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+        assert refused.json()["error"]["code"] == "overloaded"
+        assert after.status_code == 200  # the slot is free again once the first is done
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_field_the_engine_cannot_honour_is_refused_not_ignored(api: Api) -> None:

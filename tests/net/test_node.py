@@ -175,8 +175,11 @@ async def test_request_fails_explicitly_when_no_candidate_can_serve():
 async def test_a_lost_delta_is_healed_by_a_pull_not_by_waiting():
     from p2pinfer.core.router import GossipConfig
 
-    # Full digests every 60 s: only a pull can heal within this test.
-    slow_full = GossipConfig(delta_interval_s=0.05, full_interval_s=60.0, load_interval_s=0.2, peer_ttl_s=30.0)
+    # Full digests and keep-alives every 60 s: only the pull the gap asks for
+    # can heal within this test.
+    slow_full = GossipConfig(
+        delta_interval_s=0.05, full_interval_s=60.0, load_interval_s=0.2, keepalive_interval_s=60.0, peer_ttl_s=120.0
+    )
     async with Node(fast_config(gossip=slow_full)) as b, Node(fast_config(bootstrap=(b.addrs[0],), gossip=slow_full)) as a:
         await a.wait_for_peers(1)
         await b.complete(list(range(300, 364)), max_tokens=1)
@@ -186,7 +189,7 @@ async def test_a_lost_delta_is_healed_by_a_pull_not_by_waiting():
         state.version -= 1
         pulls = a.counters.pulls_done
         await b.complete(list(range(500, 564)), max_tokens=1)  # B's next delta no longer lines up
-        # The gap (or B's next load report, which names a newer version) makes A pull.
+        # The gap makes A pull.
         await wait_for(lambda: a.counters.pulls_done > pulls, 10)
         truth = {h for seq in b.engine.cache.sequences() for h in b.router.hasher.hashes(seq)}
         await wait_for(lambda: a.router.view.get(b.peer_id).hashes == truth, 5)

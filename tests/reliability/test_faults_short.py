@@ -32,9 +32,15 @@ def peer_view(http: httpx.Client, node, peer_id: str) -> dict | None:
 def test_sse_stream_continues_when_the_serving_node_is_sigkilled() -> None:
     with LocalSwarm(3, engine="simulated") as swarm, httpx.Client(timeout=30) as http:
         swarm.wait_connected()
-        entry, server = swarm.nodes[0], swarm.nodes[1]
         prefix = group_prefix(7, 100)
-        http.post(server.http + "/v1/completions", json={"prompt": prefix, "max_tokens": 1}).raise_for_status()
+        seeded = http.post(swarm.nodes[1].http + "/v1/completions", json={"prompt": prefix, "max_tokens": 1})
+        seeded.raise_for_status()
+        # The node that served it holds the prefix (with empty caches the
+        # policy may well have sent it elsewhere): that one is killed, and
+        # the request enters at another.
+        holder = seeded.json()["p2pinfer"]["served_by"]
+        server = next(n for n in swarm.nodes if n.peer_id == holder)
+        entry = next(n for n in swarm.nodes if n is not server)
         blocks = http.get(server.http + "/status").json()["digest"]["blocks"]
         deadline = time.monotonic() + 20
         while (peer_view(http, entry, server.peer_id) or {}).get("cached_blocks", 0) < blocks:
