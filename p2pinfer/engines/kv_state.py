@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 import struct
+from typing import NamedTuple
 
 import numpy as np
 
@@ -143,12 +144,21 @@ def _bytes(buf: memoryview, off: int, count: int) -> np.ndarray:
     return np.frombuffer(buf, np.uint8, count, off)
 
 
-def _section(buf: memoryview, off: int, cells_seen: list[tuple[int, int]]) -> tuple[
-    tuple[int, bool, int, int, list[tuple[int, int]], list[np.ndarray], list[tuple[int, int, int]], list[np.ndarray]] | None,
-    int,
-]:
-    """One ``llama_kv_cache::state_write`` section at ``off``: (n_stream,
-    v_trans, start, cells, k meta, k, v meta, v), or None if no stream holds cells."""
+class _Section(NamedTuple):
+    """What one ``llama_kv_cache::state_write`` section holds of the sequence."""
+
+    n_stream: int
+    v_trans: bool
+    start: int
+    cells: int
+    k_meta: list[tuple[int, int]]
+    k: list[np.ndarray]
+    v_meta: list[tuple[int, int, int]]
+    v: list[np.ndarray]
+
+
+def _section(buf: memoryview, off: int, cells_seen: list[tuple[int, int]]) -> tuple[_Section | None, int]:
+    """The section at ``off`` (None if no stream holds cells) and the offset after it."""
     (n_stream,), off = _take(buf, off, "<I")
     if not 1 <= n_stream <= 1 << 16:
         raise KvFormatError(f"implausible stream count {n_stream}")
@@ -191,7 +201,7 @@ def _section(buf: memoryview, off: int, cells_seen: list[tuple[int, int]]) -> tu
                 v_meta.append((v_type, row, 1))
                 v.append(_bytes(buf, off, cells * row).reshape(cells, row))
                 off += cells * row
-        found = (n_stream, bool(v_trans), start, cells, k_meta, k, v_meta, v)
+        found = _Section(n_stream, bool(v_trans), start, cells, k_meta, k, v_meta, v)
     return found, off
 
 
@@ -208,33 +218,38 @@ def parse(blob: bytes | bytearray | memoryview) -> KvSpan:
     (magic, _seq), off = _take(buf, 0, "<Ii")
     if magic != MAGIC:
         raise KvFormatError(f"not a sequence state blob (magic {magic:#x})")
-    sections = []
+    found: list[_Section | None] = []
     seen: list[tuple[int, int]] = []
     while True:
-        if len(sections) == MAX_SECTIONS:
+        if len(found) == MAX_SECTIONS:
             raise KvFormatError(f"{len(buf) - off} bytes left over after {MAX_SECTIONS} KV cache sections")
         section, off = _section(buf, off, seen)
-        sections.append(section)
+        found.append(section)
         if off == len(buf):
             break
-    if any(s is None for s in sections):
-        if any(s is not None for s in sections):
+    sections = [s for s in found if s is not None]
+    if len(sections) < len(found):
+        if sections:
             raise KvWindowError(f"one KV cache section holds no cells of the sequence, another {seen}")
         raise KvFormatError("the blob holds no cells")
-    held = [(s[2], s[3]) for s in sections]  # type: ignore[index]
+    held = [(s.start, s.cells) for s in sections]
     if len(set(held)) > 1:
         (a0, n0), (a1, n1) = held[0], next(h for h in held if h != held[0])
         raise KvWindowError(
             f"the KV cache sections hold different positions ({a0}..{a0 + n0 - 1} and {a1}..{a1 + n1 - 1}): "
             "a sliding-window cache keeps only its last window"
         )
-    if len({(s[0], s[1]) for s in sections}) > 1:  # type: ignore[index]
+    if len({(s.n_stream, s.v_trans) for s in sections}) > 1:
         raise KvFormatError("the KV cache sections differ in stream count or V layout")
-    n_stream, v_trans, start = sections[0][0], sections[0][1], sections[0][2]  # type: ignore[index]
-    k_meta = tuple(m for s in sections for m in s[4])  # type: ignore[index]
-    v_meta = tuple(m for s in sections for m in s[6])  # type: ignore[index]
-    layout = KvLayout(n_stream, v_trans, k_meta, v_meta, tuple(len(s[4]) for s in sections))  # type: ignore[index]
-    return KvSpan(layout, start, [a for s in sections for a in s[5]], [a for s in sections for a in s[7]])  # type: ignore[index]
+    first = sections[0]
+    layout = KvLayout(
+        first.n_stream,
+        first.v_trans,
+        tuple(m for s in sections for m in s.k_meta),
+        tuple(m for s in sections for m in s.v_meta),
+        tuple(len(s.k_meta) for s in sections),
+    )
+    return KvSpan(layout, first.start, [a for s in sections for a in s.k], [a for s in sections for a in s.v])
 
 
 def encode(pieces: Sequence[tuple[KvSpan, int, int]], layout: KvLayout) -> bytearray:

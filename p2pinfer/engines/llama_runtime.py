@@ -229,6 +229,10 @@ class LlamaRuntime:
         cparams.n_batch = cparams.n_ubatch = max(min(n_batch, n_ctx), n_seq)
         cparams.n_seq_max = n_seq
         cparams.kv_unified = kv_unified
+        # llama.cpp's default, made explicit: a sliding-window cache as long as
+        # the full one, so every position sits in the cell of its index in both
+        # (a ring of the window would place positions by history; see cache_window)
+        cparams.swa_full = True
         cparams.n_threads = cparams.n_threads_batch = n_threads
         cparams.no_perf = True
         if flash_attn is not None:
@@ -268,9 +272,10 @@ class LlamaRuntime:
         its state blob: full-attention layers, then sliding-window layers)
         keeps only the last ``n_swa`` positions of the sliding-window layers,
         so a span of the whole sequence exists only while it is at most
-        ``n_swa`` long (see :mod:`~p2pinfer.engines.kv_state`). Restoring such
-        a span puts every position in the same cell as evaluating it would,
-        in both sections, so a cache hit stays exact.
+        ``n_swa`` long (see :mod:`~p2pinfer.engines.kv_state`). With
+        ``swa_full`` (set above) restoring such a span puts every position in
+        the same cell as evaluating it would, in both sections, so a cache hit
+        stays exact.
         """
         if len(self.layout.layers_per_section) > 1:
             self.cache_window = max(0, int(_ll.llama_model_n_swa(model)))
