@@ -100,6 +100,7 @@ class PeerSanctions:
             return False
         if (time.monotonic() if now is None else now) >= until:
             del self._until[peer_id]
+            self._lift(peer_id)
             return False
         return True
 
@@ -162,6 +163,28 @@ class PeerSanctions:
         now = time.monotonic() if now is None else now
         for peer_id in [p for p, until in self._until.items() if until <= now]:
             del self._until[peer_id]
+            self._lift(peer_id)
+
+    def _lift(self, peer_id: str) -> None:
+        """The sanction is over: bring its gossipsub penalty under the publish threshold now.
+
+        gossipsub decays a penalty once per heartbeat, and heartbeats run
+        late on a loaded machine, so left alone the penalty would outlast
+        ``distrust_s`` (by 20 s and more at load 10). What is left just under
+        the threshold still decays as usual, so a peer that goes on sending
+        garbage is cut off again after a message or two.
+        """
+        if self._scorer is None:
+            return
+        try:
+            from libp2p.peer.id import ID
+
+            pid = ID.from_base58(peer_id)
+            ceiling = PUBLISH_THRESHOLD - 0.5
+            if self._scorer.behavior_penalty.get(pid, 0.0) > ceiling:
+                self._scorer.behavior_penalty[pid] = ceiling
+        except Exception as exc:  # a scorer problem must not break routing
+            log.debug("lifting the gossipsub penalty of %s failed: %s", peer_id, exc)
 
     def remaining(self, now: float | None = None) -> dict[str, float]:
         """Distrusted peers -> seconds left (for /status)."""

@@ -60,6 +60,25 @@ def test_score_params_leave_honest_peers_at_zero_and_only_penalties_count():
     assert scorer.allow_publish(peer, ["t"])
 
 
+def test_the_gossipsub_penalty_ends_with_the_sanction_even_when_heartbeats_lag():
+    from libp2p.peer.id import ID
+    from libp2p.pubsub.score import PeerScorer
+
+    scorer = PeerScorer(gossip_score_params())
+    peer = ID.from_base58(PEER)
+    sanctions = PeerSanctions(scorer, distrust_s=20.0)
+    sanctions.distrust(PEER, "it overclaimed", now=1000.0)
+    for _ in range(5):  # a loaded machine: 5 heartbeats in 20 s instead of 20
+        scorer.on_heartbeat()
+    assert not scorer.allow_publish(peer, ["t"])
+    assert sanctions.remaining(1019.0) == {PEER: 1.0} and not scorer.allow_publish(peer, ["t"])
+    sanctions.expire(1020.0)
+    assert scorer.allow_publish(peer, ["t"])
+    # What is left sits just under the threshold: more garbage cuts it off again.
+    sanctions.invalid_gossip(PEER)
+    assert not scorer.allow_publish(peer, ["t"])
+
+
 def test_other_models_are_logged_once_per_peer_and_fingerprint(caplog):
     models = OtherModels("aaaa")
     with caplog.at_level(logging.WARNING, logger="p2pinfer.net.other_models"):
