@@ -255,7 +255,14 @@ def collect_report(settings: Any, *, run_checks: bool = True, check_timeout_s: f
             capacity_tokens=eng.get("cache_capacity_tokens"),
             kv_bytes_per_token=eng.get("kv_bytes_per_token"),
             capacity_mib=round(eng.get("cache_capacity_tokens", 0) * eng.get("kv_bytes_per_token", 0) / (1 << 20), 1),
+            window_tokens=eng.get("cache_window_tokens"),
         )
+        if eng.get("cache_window_tokens") is not None:
+            hints.append(
+                f"this model has a sliding-window KV cache: only prompts of at most {eng['cache_window_tokens']} "
+                "tokens are cached (llama.cpp keeps only the last window of those layers, so a longer prompt's "
+                "KV cannot be restored exactly); longer prompts are served without the prefix cache"
+            )
         model["fingerprint"] = eng.get("fingerprint")
         model["name"] = eng.get("model")
     wanted = [c for c in checks if c.config == "default" or settings.cpu_repack]

@@ -124,6 +124,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         cache_tokens: Optional[int] = typer.Option(
             None, help="Cache budget per node; default: the workload's subject prefixes fit the swarm, not one node."),
         threads: int = typer.Option(1, min=1, help="llama.cpp threads per node."),
+        slots: int = typer.Option(0, min=0, max=64, help="Requests each llama-cpp node serves at once (0: the engine's default)."),
         delay_ms: Optional[float] = typer.Option(
             None, help="One-way delay per link: each node in its own network namespace with tc netem (needs root)."),
         engine: str = typer.Option("llama-cpp", help="Engine (simulated for a quick dry run)."),
@@ -164,7 +165,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         try:
             result = run_or_exit(
                 policies=chosen, nodes=nodes, requests=requests, concurrency=concurrency, subjects=subjects,
-                max_tokens=max_tokens, cache_tokens=cache_tokens, threads=threads, seed=seed, engine=engine,
+                max_tokens=max_tokens, cache_tokens=cache_tokens, threads=threads, slots=slots or None, seed=seed, engine=engine,
                 model=model, quiet=as_json, netem=netem, link_delay_ms=relay_delay, simulate=simulate,
             )
             rtts = [s["peer_rtt_ms_median"] for s in result["policies"] if s.get("peer_rtt_ms_median") is not None]

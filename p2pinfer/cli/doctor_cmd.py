@@ -41,6 +41,8 @@ def _print_human(report: dict[str, Any]) -> None:
         table.add_row("model", f"[red]{model.get('error')}[/]")
     if cache.get("capacity_tokens") is not None:
         table.add_row("prefix cache", f"{cache['capacity_tokens']} tokens, {cache['capacity_mib']} MiB ({cache['kv_bytes_per_token']} bytes of KV per token)")
+        if cache.get("window_tokens") is not None:
+            table.add_row("", f"[yellow]only prompts of at most {cache['window_tokens']} tokens[/] (sliding-window KV cache)")
     lp = report["libp2p"]
     table.add_row("libp2p", f"py-libp2p {lp['version']}: {'+'.join(lp['transports'])}, {'+'.join(lp['security'])}, {'+'.join(lp['muxers'])}")
     disc = lp["discovery"]

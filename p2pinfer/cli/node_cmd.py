@@ -30,6 +30,8 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
         opts["context_size"] = settings.context_size
     if settings.threads is not None:
         opts["threads"] = settings.threads
+    if settings.slots is not None:
+        opts["slots"] = settings.slots
     if settings.gpu_layers is not None:
         opts["n_gpu_layers"] = settings.gpu_layers
     if settings.cpu_repack:
@@ -184,6 +186,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         cache_tokens: Optional[int] = typer.Option(None, help="Prefix-cache budget in tokens."),
         context_size: Optional[int] = typer.Option(None, "--context-size", "--context", help="Context size in tokens."),
         threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp."),
+        slots: Optional[int] = typer.Option(
+            None, help="Requests the engine serves at once (continuous batching; default 4 on the CPU, 16 with offload)."
+        ),
         gpu_layers: Optional[int] = typer.Option(None, help="Layers to offload to the GPU (-1 = all)."),
         engine_check: Optional[bool] = typer.Option(
             None, "--engine-check/--no-engine-check",

@@ -50,6 +50,8 @@ class NodeSettings:
     context_size: int | None = None
     """Context size in tokens (prompt + generated); engine default when unset."""
     threads: int | None = None
+    slots: int | None = None
+    """Requests the engine serves at once (continuous batching); engine default when unset."""
     gpu_layers: int | None = None
     """Layers to offload; unset = all when llama.cpp has GPU offload, else 0."""
     cpu_repack: bool = False

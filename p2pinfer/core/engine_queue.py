@@ -18,11 +18,19 @@ as a live engine does:
 * **speed** (``Load.prefill_ms_per_token``): an EWMA (weight 0.25) of the
   measured ms per uncached token, for prefills of 16 tokens or more;
   shorter ones are dominated by fixed costs.
-* **slots**: requests served at once. Every engine serves one at a time
-  today (``slots=1``, first come first served, like one llama.cpp context);
-  the model keeps the count so that an engine batching N requests
-  (continuous batching) can say so: :meth:`can_start` admits a waiting
-  request into prefill while fewer than ``slots`` run.
+* **slots**: requests served at once. The llama.cpp engine batches
+  ``slots`` requests (continuous batching); the simulated engine and the
+  simulator's nodes serve one at a time (``slots=1``). :meth:`can_start`
+  admits a waiting request into prefill while fewer than ``slots`` run.
+* **free slots and the wait for one** (``Load.free_slots``,
+  ``Load.slot_wait_ms``): a request arriving now finds ``slots`` less the
+  requests accepted (running or waiting) free. With none free it waits
+  for a slot to free: the engine gives each running request's expected end
+  (its ``max_tokens`` at the measured decode speed, from the end of its
+  prefill: an upper bound, since answers may end sooner), and the
+  requests waiting ahead take the slots in arrival order as they free.
+  Without a decode speed (``decode_ms_per_token`` never given) the wait
+  is not estimated (0).
 
 It only counts: the FIFO gate itself (a trio semaphore in an engine, a
 deque in the simulator) stays with its owner.
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+import heapq
 
 from .peers import Load
 
@@ -94,6 +103,10 @@ class Ticket:
     tokens: Sequence[int]
     estimate: int
     """Its prompt tokens still counted as queued prefill."""
+    max_tokens: int = 0
+    """Its answer's length limit (what the wait for its slot is estimated from)."""
+    decode_ends: float | None = None
+    """When its answer is expected to end (seconds, the owner's clock), once its prefill is done."""
     started: bool = False
     finished: bool = False
 
@@ -106,7 +119,9 @@ class EngineQueue:
     simulator knows its nodes' speed) or a guess the first measurement
     replaces (a live engine's default). ``max_reuse(n)``: the most cached
     tokens a prompt of ``n`` tokens can reuse (llama.cpp evaluates the last
-    two itself); default all of them.
+    two itself); default all of them. ``decode_ms_per_token``: the decode
+    speed the wait for a free slot is estimated with, until
+    :meth:`decode_measured` replaces it (None: no estimate, the wait is 0).
     """
 
     def __init__(
@@ -117,6 +132,7 @@ class EngineQueue:
         max_queue: int | None = None,
         slots: int = 1,
         max_reuse: Callable[[int], int] | None = None,
+        decode_ms_per_token: float | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError("an engine serves at least one request at a time")
@@ -125,7 +141,10 @@ class EngineQueue:
         self.ms_per_token = max(ms_per_token, 1e-3)
         self.speed_measured = speed_measured
         self._max_reuse = max_reuse
+        self.decode_ms_per_token = decode_ms_per_token
         self.ahead = PromptsAhead()
+        self._tickets: list[Ticket] = []
+        """Accepted and not finished, in arrival order."""
         self.queued = 0
         """Uncached prompt tokens waiting for or in prefill."""
         self.active = 0
@@ -133,23 +152,51 @@ class EngineQueue:
         self.running = 0
         """Requests started (in prefill or decode) and not finished."""
 
-    def load(self) -> Load:
-        return Load(max(0, self.queued), self.ms_per_token, self.active)
+    def load(self, now: float | None = None) -> Load:
+        """The load report; ``now`` (the clock of :meth:`prefilled`'s ``now``)
+        is needed for the wait for a free slot, else it is reported as 0."""
+        free = max(0, self.slots - self.active)
+        wait = self.slot_wait_ms(now) if now is not None and not free else 0.0
+        return Load(max(0, self.queued), self.ms_per_token, self.active, self.slots, free, wait)
+
+    def slot_wait_ms(self, now: float) -> float:
+        """How long a request arriving at ``now`` waits for a free slot (see the module docstring)."""
+        dms = self.decode_ms_per_token
+        if dms is None or self.active < self.slots:
+            return 0.0
+        pms = self.ms_per_token
+        ends: list[float] = []
+        waiting: list[Ticket] = []
+        for t in self._tickets:
+            if not t.started:
+                waiting.append(t)
+            elif t.decode_ends is not None:
+                ends.append(t.decode_ends)
+            else:  # still in prefill
+                ends.append(now + (t.estimate * pms + t.max_tokens * dms) / 1000.0)
+        ends += [now] * max(0, self.slots - len(ends))
+        heapq.heapify(ends)
+        for t in waiting:  # each takes the first slot to free, and holds it for its own answer
+            start = max(now, heapq.heappop(ends))
+            heapq.heappush(ends, start + (t.estimate * pms + t.max_tokens * dms) / 1000.0)
+        return max(0.0, (ends[0] - now) * 1000.0)
 
     def can_start(self) -> bool:
         return self.running < self.slots
 
-    def admit(self, tokens: Sequence[int], cached: int) -> Ticket:
+    def admit(self, tokens: Sequence[int], cached: int, max_tokens: int = 0) -> Ticket:
         """Accept ``tokens``, of which the cache holds ``cached`` leading ones
-        now (``cache.match(tokens, touch=False)``); raises :class:`QueueFull`."""
+        now (``cache.match(tokens, touch=False)``), for an answer of at most
+        ``max_tokens``; raises :class:`QueueFull`."""
         if self.max_queue is not None and self.active >= self.max_queue:
             raise QueueFull(f"{self.active} requests queued (limit {self.max_queue})")
         n = len(tokens)
         covered = max(cached, self.ahead.covered(tokens))
         if self._max_reuse is not None:
             covered = min(covered, self._max_reuse(n))
-        ticket = Ticket(tokens, n - covered)
+        ticket = Ticket(tokens, n - covered, max(0, max_tokens))
         self.ahead.add(tokens)
+        self._tickets.append(ticket)
         self.active += 1
         self.queued += ticket.estimate
         return ticket
@@ -162,11 +209,25 @@ class EngineQueue:
         ticket.started = True
         self.running += 1
 
-    def prefilled(self, ticket: Ticket, uncached: int = 0, ms_per_token: float | None = None) -> None:
+    def reuse(self, ticket: Ticket, reused: int) -> None:
+        """Its prefill reuses ``reused`` tokens after all (a planned restore
+        failed, say): it counts at that size. Only between :meth:`start` and
+        :meth:`prefilled`."""
+        if ticket.started and not ticket.finished and ticket.estimate:
+            uncached = len(ticket.tokens) - reused
+            self.queued += uncached - ticket.estimate
+            ticket.estimate = uncached
+
+    def prefilled(
+        self, ticket: Ticket, uncached: int = 0, ms_per_token: float | None = None, now: float | None = None
+    ) -> None:
         """Its prefill is done (no longer queued work); ``ms_per_token`` is
-        what it measured for its ``uncached`` tokens, if timed."""
+        what it measured for its ``uncached`` tokens, if timed; ``now`` dates
+        the start of its answer (for the wait for a free slot)."""
         self.queued -= ticket.estimate
         ticket.estimate = 0
+        if now is not None and self.decode_ms_per_token is not None:
+            ticket.decode_ends = now + ticket.max_tokens * self.decode_ms_per_token / 1000.0
         if ms_per_token is not None and uncached >= MIN_TIMED_PREFILL:
             if self.speed_measured:
                 self.ms_per_token = max(1e-3, (1 - SPEED_WEIGHT) * self.ms_per_token + SPEED_WEIGHT * ms_per_token)
@@ -174,12 +235,22 @@ class EngineQueue:
                 self.ms_per_token = max(1e-3, ms_per_token)
                 self.speed_measured = True
 
+    def decode_measured(self, ms_per_token: float) -> None:
+        """A finished answer's decode speed: the estimate moves towards it (EWMA)."""
+        old = self.decode_ms_per_token
+        new = max(1e-3, ms_per_token)
+        self.decode_ms_per_token = new if old is None else (1 - SPEED_WEIGHT) * old + SPEED_WEIGHT * new
+
     def finish(self, ticket: Ticket) -> None:
         """Done, failed or cancelled: it leaves the queue (idempotent)."""
         if ticket.finished:
             return
         ticket.finished = True
         self.ahead.remove(ticket.tokens)
+        for i, t in enumerate(self._tickets):
+            if t is ticket:
+                del self._tickets[i]
+                break
         self.queued -= ticket.estimate
         ticket.estimate = 0
         self.active -= 1

@@ -56,6 +56,23 @@ class Load:
     prefill_ms_per_token: float = 4.0
     """Measured online by the engine."""
     active_requests: int = 0
+    slots: int = 1
+    """Requests it serves at once (continuous batching); 1 for a peer that does not say."""
+    free_slots: int = 1
+    """Slots a request arriving now would find free (``slots`` less the
+    requests running or waiting for one)."""
+    slot_wait_ms: float = 0.0
+    """With no slot free: how long until one frees for a request arriving
+    now, from the answers being decoded (their ``max_tokens`` left at the
+    measured decode speed: an upper bound, answers may end sooner). 0 when
+    a slot is free."""
+
+    def wait_ms(self) -> float:
+        """How long a request arriving now waits before its own prefill: the
+        prompts ahead of it (prefills run one chunk at a time, first come
+        first served) or a slot to free, whichever is longer; the two
+        overlap, since prompts ahead are prefilled while it waits for a slot."""
+        return max(self.queued_prefill_tokens * self.prefill_ms_per_token, self.slot_wait_ms)
 
 
 @dataclass(slots=True)
@@ -229,7 +246,7 @@ class PeerView:
     # -- load ----------------------------------------------------------------
     def _reindex_cost(self, state: PeerState, default_rtt_ms: float = 5.0) -> None:
         rtt = default_rtt_ms if state.rtt_ms is None else state.rtt_ms
-        cost = rtt + state.load.queued_prefill_tokens * state.load.prefill_ms_per_token
+        cost = rtt + state.load.wait_ms()
         old = self._base_cost.get(state.peer_id)
         if old == cost:
             return

@@ -135,7 +135,9 @@ class Policy(Protocol):
 class TtftEstimator:
     """Estimated time to first token on a candidate, in milliseconds.
 
-    ``rtt + queued tokens x ms/token + uncached tokens x ms/token``; the
+    ``rtt + wait + uncached tokens x ms/token``, the wait being
+    :meth:`Load.wait_ms` (queued prompt tokens x ms/token, or the wait for
+    a free slot behind answers being decoded, whichever is longer); the
     same formula for every candidate so that the local node (RTT 0, exact
     match) and peers (gossiped match and load) compare fairly.
     """
@@ -178,7 +180,7 @@ class TtftEstimator:
         # A full hit still prefills the last token to produce the first output.
         uncached = max(1, prompt_tokens - match_tokens)
         ms = load.prefill_ms_per_token
-        queue_ms = load.queued_prefill_tokens * ms
+        queue_ms = load.wait_ms()
         prefill_ms = uncached * ms
         est = rtt_ms + queue_ms + prefill_ms
         return Candidate(
@@ -236,11 +238,16 @@ def _peer_candidate(
 ) -> Candidate:
     load = peer.load
     if peer.load_at is None or now - peer.load_at > estimator.stale_load_s:
-        load = Load(0, peer.load.prefill_ms_per_token, 0)
+        load = Load(0, peer.load.prefill_ms_per_token, 0, peer.load.slots, peer.load.slots)
     elif estimator.drain_reported_queue and now > peer.load_at and load.prefill_ms_per_token > 0:
-        drained = int((now - peer.load_at) * 1000.0 / load.prefill_ms_per_token)
-        if drained:
-            load = Load(max(0, load.queued_prefill_tokens - drained), load.prefill_ms_per_token, load.active_requests)
+        elapsed_ms = (now - peer.load_at) * 1000.0
+        drained = int(elapsed_ms / load.prefill_ms_per_token)
+        if drained or load.slot_wait_ms:
+            load = replace(
+                load,
+                queued_prefill_tokens=max(0, load.queued_prefill_tokens - drained),
+                slot_wait_ms=max(0.0, load.slot_wait_ms - elapsed_ms),
+            )
     rtt = estimator.default_rtt_ms if peer.rtt_ms is None else peer.rtt_ms
     return estimator.candidate(
         peer.peer_id, request.prompt_tokens, match, load, rtt, peer.digest_age(now)

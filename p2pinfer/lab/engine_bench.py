@@ -246,10 +246,12 @@ def live_sequences_experiment(
     data moves). Cold runs with the earlier prompt resident, as it would be."""
     import llama_cpp as ll
 
-    from ..engines.llama_runtime import SCRATCH_SEQ, WORK_SEQ, LlamaRuntime, SamplerSpec
+    from ..engines.llama_runtime import LlamaRuntime, SamplerSpec
 
+    WORK_SEQ, SCRATCH_SEQ = 0, 1  # noqa: N806
     rt = LlamaRuntime(
-        model_path, n_ctx=context_size, n_batch=batch_size, n_gpu_layers=0, n_threads=threads, flash_attn=flash_attn
+        model_path, n_ctx=context_size, n_batch=batch_size, n_gpu_layers=0, n_threads=threads, flash_attn=flash_attn,
+        n_seq=2, kv_unified=True,
     )
 
     def greedy(prompt: list[int], start: int) -> tuple[float, list[int], bytes]:

@@ -77,6 +77,7 @@ def run_live_experiment(
     cache_tokens: int | None,
     threads: int,
     seed: int,
+    slots: int | None = None,
     engine: str,
     model: str | None,
     quiet: bool,
@@ -93,6 +94,7 @@ def run_live_experiment(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..lab.live_bench import mmlu_live_requests, outcomes_json, run_policy, summarise
+    from ..engines.llama_cpp import default_slots
     from ..lab.live_sim import predict_live_run
 
     console = Console(stderr=True, quiet=quiet)
@@ -102,6 +104,8 @@ def run_live_experiment(
         node_args += ["--cache-tokens", str(cache_tokens)]
     if model:
         node_args += ["--model", model]
+    if slots and engine == "llama-cpp":
+        node_args += ["--slots", str(slots)]
     wrap = hosts = None
     if netem is not None:
         wrap, hosts = netem.wrap, netem.hosts
@@ -146,6 +150,7 @@ def run_live_experiment(
         "max_tokens": max_tokens,
         "cache_tokens_per_node": cache_tokens,
         "threads_per_node": threads,
+        "slots_per_node": (slots or default_slots(0, threads)) if engine == "llama-cpp" else None,
         "seed": seed,
         "workload": {"kind": "mmlu-five-shot", **meta},
         "ttft_measured": "at the client: request sent -> first streamed token",

@@ -56,6 +56,10 @@ reports and pull it over a stream (``PULL_RESPONSE_MAX_BYTES``)."""
 PULL_REQUEST_MAX_BYTES = 4096
 PULL_RESPONSE_MAX_BYTES = MAX_DIGEST_BYTES + 256 * 1024
 MAX_ADDRS = 16
+MAX_SLOTS = 4096
+"""Most slots a load report may claim."""
+MAX_SLOT_WAIT_MS = 3.6e6
+"""Longest wait for a free slot a load report may claim (one hour)."""
 MAX_ADDR_LEN = 256
 MAX_PEER_RECORDS = 256
 RESPONSE_MAX_BYTES = 256 * 1024
@@ -398,6 +402,9 @@ def load_to_pb(node_id: str, fingerprint: str, load: Load, busy: bool, epoch: in
         queued_prefill_tokens=min(max(0, load.queued_prefill_tokens), 2**32 - 1),
         prefill_ms_per_token=load.prefill_ms_per_token,
         active_requests=min(max(0, load.active_requests), 2**32 - 1),
+        slots=min(max(1, load.slots), MAX_SLOTS),
+        free_slots=min(max(0, load.free_slots), max(1, load.slots), MAX_SLOTS),
+        slot_wait_ms=min(max(0.0, load.slot_wait_ms), MAX_SLOT_WAIT_MS),
         busy=busy,
         epoch=epoch,
         digest_version=version,
@@ -417,9 +424,16 @@ def load_from_pb(msg: pb.LoadReport, *, sender: str, fingerprint: str) -> LoadIn
         raise GossipRejected("malformed", "bad address list")
     if msg.epoch >= 1 << 63 or msg.digest_version >= 1 << 63:
         raise GossipRejected("malformed", "epoch or version out of range")
+    slots, free, wait = msg.slots, msg.free_slots, msg.slot_wait_ms
+    if slots > MAX_SLOTS or free > max(1, slots):
+        raise GossipRejected("malformed", "slots out of range")
+    if not (math.isfinite(wait) and 0.0 <= wait <= MAX_SLOT_WAIT_MS):
+        raise GossipRejected("malformed", "slot_wait_ms out of range")
+    if slots == 0:  # a node from before continuous batching: one request at a time
+        slots, free, wait = 1, (0 if msg.active_requests else 1), 0.0
     return LoadInfo(
         node_id=sender,
-        load=Load(msg.queued_prefill_tokens, ms, msg.active_requests),
+        load=Load(msg.queued_prefill_tokens, ms, msg.active_requests, slots, free, wait),
         busy=msg.busy,
         epoch=msg.epoch,
         digest_version=msg.digest_version,

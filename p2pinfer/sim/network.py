@@ -161,7 +161,8 @@ DEFAULT_ENVELOPE_BYTES = gossip_envelope_bytes()
 
 
 def load_report_bytes(
-    node_id: str, fingerprint: str, queued: int, active: int, busy: bool, epoch: int, version: int, addr_len: int = 25
+    node_id: str, fingerprint: str, queued: int, active: int, busy: bool, epoch: int, version: int, addr_len: int = 25,
+    slots: int = 1, free_slots: int = 1, slot_wait_ms: float = 0.0,
 ) -> int:
     """Size of ``GossipMessage{load: LoadReport}`` (protos/p2pinfer.proto) on the wire.
 
@@ -179,6 +180,9 @@ def load_report_bytes(
         + (1 + _varint_len(epoch) if epoch else 0)
         + (1 + _varint_len(version) if version else 0)
         + (_field_len(addr_len) if addr_len else 0)
+        + (1 + _varint_len(slots) if slots else 0)
+        + (1 + _varint_len(free_slots) if free_slots else 0)
+        + (5 if slot_wait_ms else 0)  # float slot_wait_ms
     )
     return 2 + _field_len(body)  # GossipMessage: version=1, then the load field
 

@@ -248,7 +248,8 @@ class Simulator(DirectoryMode):
         src.schedule.load_sent(load, busy, self.now)
         tracker = src.router.tracker
         wire = load_report_bytes(
-            src.id, self.fingerprint_hex, load.queued_prefill_tokens, load.active_requests, busy, tracker.epoch, tracker.version
+            src.id, self.fingerprint_hex, load.queued_prefill_tokens, load.active_requests, busy, tracker.epoch, tracker.version,
+            slots=load.slots, free_slots=load.free_slots, slot_wait_ms=load.slot_wait_ms,
         )
         self._publish(src, "load", (load, busy), wire, wire)
 

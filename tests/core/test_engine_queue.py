@@ -73,3 +73,46 @@ def test_slots_bound_what_runs_at_once() -> None:
     assert not q.can_start() and q.running == 2
     q.finish(tickets[0])
     assert q.can_start()
+
+
+def test_free_slots_and_the_wait_for_one_follow_the_answers_being_decoded() -> None:
+    """Two slots, decode at 10 ms per token: answers of 100 and 300 tokens
+    end 1 s and 3 s after their prefill; a third request waits for the first
+    slot to free and holds it for its own 200 tokens, so a fourth arriving
+    at t=0 waits for the second slot (3 s)."""
+    q = EngineQueue(ms_per_token=1.0, slots=2, decode_ms_per_token=10.0)
+    assert q.load(0.0).free_slots == 2
+    a = q.admit([1] * 20, cached=0, max_tokens=100)
+    b = q.admit([2] * 20, cached=0, max_tokens=300)
+    assert q.load(0.0).free_slots == 0 and q.load(0.0).slot_wait_ms > 0  # both in prefill, none free
+    for t in (a, b):
+        q.start(t, 0)
+        q.prefilled(t, 20, now=0.0)
+    load = q.load(0.0)
+    assert (load.slots, load.free_slots, load.slot_wait_ms) == (2, 0, 1000.0)
+    assert load.wait_ms() == 1000.0  # more than the prefill queued (none)
+    assert q.load(0.4).slot_wait_ms == pytest.approx(600.0)  # the answers are under way
+    assert q.load().slot_wait_ms == 0.0  # no clock given: not estimated
+    c = q.admit([3] * 20, cached=0, max_tokens=200)
+    assert q.load(0.0).slot_wait_ms == pytest.approx(3000.0)  # c takes a's slot at 1 s and holds it until 3.02 s
+    q.finish(a)
+    q.start(c, 0)
+    assert q.load(1.0).free_slots == 0
+    q.finish(b)
+    load = q.load(3.0)
+    assert (load.free_slots, load.slot_wait_ms) == (1, 0.0)
+    q.finish(c)
+
+
+def test_without_a_decode_speed_the_wait_for_a_slot_is_not_estimated() -> None:
+    q = EngineQueue(ms_per_token=1.0, slots=1)
+    t = q.admit([1] * 20, cached=0, max_tokens=500)
+    q.start(t, 0)
+    q.prefilled(t, 20, now=0.0)
+    assert q.load(0.0).slot_wait_ms == 0.0
+    q.decode_measured(20.0)
+    assert q.decode_ms_per_token == 20.0
+    q.decode_measured(40.0)
+    assert q.decode_ms_per_token == pytest.approx(25.0)  # EWMA, weight 0.25
+    q.finish(t)
+    assert q.load(0.0).free_slots == 1

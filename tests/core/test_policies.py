@@ -165,3 +165,35 @@ def test_no_engine_and_no_peer_is_an_error() -> None:
 def test_unknown_policy_named_in_error() -> None:
     with pytest.raises(ValueError, match="unknown policy 'fastest'"):
         make_policy("fastest")
+
+
+def _reported(slots: int, answers: list[int], now: float) -> Load:
+    """The load an engine with ``slots`` slots reports at ``now`` while
+    answers of these lengths (decode at 20 ms per token) have been decoding
+    since t=0 and their prompts were all cached: the very EngineQueue a live
+    engine and a simulated node keep."""
+    from p2pinfer.core.engine_queue import EngineQueue
+
+    q = EngineQueue(ms_per_token=4.0, slots=slots, decode_ms_per_token=20.0)
+    for i, n in enumerate(answers):
+        t = q.admit([i] * 64, cached=64, max_tokens=n)
+        q.start(t, 62)
+        q.prefilled(t, 2, now=0.0)
+    return q.load(now)
+
+
+def test_cost_prefers_a_free_slot_with_the_prefix_over_queueing_behind_a_long_answer() -> None:
+    """Both peers hold most of the prompt and have no prompt queued. ``one``
+    (one slot) holds a little more of it but is decoding a 500-token answer
+    (10 s left); ``four`` (four slots, two busy) has a slot free now."""
+    def pick(now: float) -> str:
+        view = view_with({"one": (60, 0, 1.0), "four": (50, 0, 1.0)}, now)
+        view.update_load("one", _reported(1, [500], now), now)
+        view.update_load("four", _reported(4, [500, 500], now), now)
+        return decide("cost", view, local(), now=now).target
+
+    assert _reported(1, [500], 0.0).slot_wait_ms == 10_000.0
+    assert _reported(4, [500, 500], 0.0).free_slots == 2
+    assert pick(0.0) == "four"
+    # the same peers when the long answer is about to end: the longer prefix wins again
+    assert pick(9.99) == "one"

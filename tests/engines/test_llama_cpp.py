@@ -279,32 +279,196 @@ async def test_generation_does_not_block_the_event_loop(engine: Any) -> None:
     assert len(gaps) > 20
 
 
-async def test_load_counts_queued_prefill_and_requests_run_in_order(engine: Any) -> None:
+async def test_load_counts_queued_prefill_and_prompts_are_prefilled_in_order(engine: Any) -> None:
     a, b = _texts(engine, 2, 300)
     b = b[:100]
     done: dict[str, float] = {}
     first_token: dict[str, float] = {}
 
-    async def run(name: str, tokens: list[int]) -> None:
-        async for item in engine.generate(tokens, GenerationParams(max_tokens=2)):
+    async def run(name: str, tokens: list[int], max_tokens: int) -> None:
+        async for item in engine.generate(tokens, GenerationParams(max_tokens=max_tokens)):
             if isinstance(item, TokenChunk):
                 first_token.setdefault(name, trio.current_time())
         done[name] = trio.current_time()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run, "a", a)
+        nursery.start_soon(run, "a", a, 24)
         while engine.load().active_requests < 1:
             await trio.sleep(0)
-        nursery.start_soon(run, "b", b)
+        nursery.start_soon(run, "b", b, 2)
         while engine.load().active_requests < 2:
             await trio.sleep(0)
         load = engine.load()
         assert load.queued_prefill_tokens >= len(b)
         assert load.queued_prefill_tokens <= len(a) + len(b)
-    assert first_token["b"] > done["a"], "one request at a time, first come first served"
+    assert first_token["b"] > first_token["a"], "prompts are prefilled first come first served"
+    assert done["b"] < done["a"], "the second request did not wait for the first one's whole answer"
     load = engine.load()
     assert (load.active_requests, load.queued_prefill_tokens) == (0, 0)
     assert load.prefill_ms_per_token > 0
+
+
+async def _alone(
+    engine: Any, prompts: list[list[int]], max_tokens: int, params: list[dict[str, Any]] | None = None
+) -> list[list[int]]:
+    out = []
+    for i, p in enumerate(prompts):
+        engine.cache.clear()
+        tokens, _, rec = await _run(engine, p, max_tokens=max_tokens, **(params[i] if params else {}))
+        assert rec.reused_tokens == 0
+        out.append(tokens)
+    engine.cache.clear()
+    return out
+
+
+async def _together(
+    engine: Any, prompts: list[list[int]], max_tokens: int, params: list[dict[str, Any]] | None = None
+) -> list[tuple[list[int], GenerationRecord]]:
+    results: list[Any] = [None] * len(prompts)
+
+    async def one(i: int) -> None:
+        tokens, _, rec = await _run(engine, prompts[i], max_tokens=max_tokens, **(params[i] if params else {}))
+        results[i] = (tokens, rec)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(prompts)):
+            nursery.start_soon(one, i)
+    return results
+
+
+async def test_concurrent_greedy_requests_give_the_same_tokens_as_alone(engine: Any) -> None:
+    """More requests than slots, prompts of different lengths: every request's
+    tokens are the ones it gets alone (the guarantee: a request's logits do
+    not depend on the other requests in the batch, and its sampler sees
+    only its own), greedy and, for every third one, seeded sampling."""
+    texts = _texts(engine, engine.slots + 2, 260)
+    prompts = [t[: 40 + 37 * i] for i, t in enumerate(texts)]
+    params: list[dict[str, Any]] = [
+        {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 1000 + i} if i % 3 == 1 else {}
+        for i in range(len(prompts))
+    ]
+    alone = await _alone(engine, prompts, 12, params)
+    together = await _together(engine, prompts, 12, params)
+    assert [tokens for tokens, _ in together] == alone
+    slots = {rec.extra["slot"] for _, rec in together}
+    assert len(slots) == engine.slots, "every slot served"
+    assert max(rec.queue_s for _, rec in together) > 0
+
+
+async def test_a_cache_hit_inside_a_batch_reuses_the_right_tokens(engine: Any) -> None:
+    a, b, c, d = _texts(engine, 4, 300)
+    prompts = [a[:200] + b[:50], c[:150], a[:120] + d[:60], a]
+    cold = await _alone(engine, prompts, 10)
+    await _run(engine, a[:230], max_tokens=2)  # caches a's first 230 tokens
+    together = await _together(engine, prompts, 10)
+    assert [rec.reused_tokens for _, rec in together] == [200, 0, 120, 230]
+    assert [tokens for tokens, _ in together] == cold
+    _assert_store_matches_tree(engine)
+
+
+async def test_a_request_waits_for_a_prefill_that_will_cache_its_prefix(engine: Any) -> None:
+    """Two requests for one new 280-token prefix arriving together: the second
+    restores it from the first instead of computing it again in another slot."""
+    a, b, c = _texts(engine, 3, 300)
+    first, second = a[:280] + b[:20], a[:280] + c[:20]
+    results = await _together(engine, [first, second], 4)
+    reused = sorted(rec.reused_tokens for _, rec in results)
+    assert reused == [0, 280]
+
+
+async def _full_length(engine: Any, count: int, length: int, max_tokens: int) -> tuple[list[list[int]], list[list[int]]]:
+    """``count`` prompts whose greedy answer alone runs to ``max_tokens`` (no early
+    end of generation), with those answers."""
+    prompts, answers = [], []
+    for p in _texts(engine, count + 6, length):
+        engine.cache.clear()
+        out, _, rec = await _run(engine, p, max_tokens=max_tokens)
+        if rec.finish_reason == "length":
+            prompts.append(p)
+            answers.append(out)
+        if len(prompts) == count:
+            engine.cache.clear()
+            return prompts, answers
+    raise AssertionError("not enough prompts with long answers")
+
+
+async def test_a_cancelled_request_frees_its_slot_at_once_while_the_others_continue(engine: Any) -> None:
+    long = 48
+    texts, answers = await _full_length(engine, engine.slots + 1, 120, 100)
+    alone = [a[:long] for a in answers[1 : engine.slots]]
+    scope = trio.CancelScope()
+    first_chunk = trio.Event()
+    results: dict[int, Any] = {}
+    late: dict[str, Any] = {}
+
+    async def victim() -> None:
+        with scope:
+            async for _ in engine.generate(texts[0], GenerationParams(max_tokens=100)):
+                first_chunk.set()
+
+    started = [trio.Event() for _ in range(engine.slots)]
+
+    async def other(i: int) -> None:
+        tokens: list[int] = []
+        async for item in engine.generate(texts[i], GenerationParams(max_tokens=long)):
+            if isinstance(item, TokenChunk):
+                tokens.extend(item.token_ids)
+                started[i].set()
+            else:
+                results[i] = (tokens, item, trio.current_time())
+
+    async def newcomer() -> None:
+        tokens, _, rec = await _run(engine, texts[engine.slots], max_tokens=2)
+        late["rec"], late["at"] = rec, trio.current_time()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(victim)
+        await first_chunk.wait()
+        for i in range(1, engine.slots):
+            nursery.start_soon(other, i)
+        for i in range(1, engine.slots):
+            await started[i].wait()
+        nursery.start_soon(newcomer)  # every slot is decoding: it waits
+        while engine.load().active_requests < engine.slots + 1:
+            await trio.sleep(0)
+        assert not late
+        scope.cancel()
+        for _ in range(10):  # scheduling rounds, not time: the victim's task only has to run once
+            if engine.load().active_requests == engine.slots:
+                break
+            await trio.sleep(0)
+        assert engine.load().active_requests == engine.slots, "the cancelled request is gone at once"
+    assert scope.cancelled_caught
+    assert late["rec"].extra["slot"] == 0, "the newcomer took the cancelled request's slot"
+    assert late["at"] < min(at for _, _, at in results.values()), "it ran while the others were still decoding"
+    assert [results[i][0] for i in range(1, engine.slots)] == alone, "the others continued undisturbed"
+
+
+async def test_a_slow_consumer_does_not_stall_the_others(engine: Any) -> None:
+    (a, b), answers = await _full_length(engine, 2, 150, 24)
+    alone = answers
+    resume = trio.Event()
+    got: dict[str, list[int]] = {"a": [], "b": []}
+
+    async def slow() -> None:
+        async for item in engine.generate(a, GenerationParams(max_tokens=24)):
+            if isinstance(item, TokenChunk):
+                got["a"].extend(item.token_ids)
+                if len(got["a"]) == 1:
+                    await resume.wait()  # a reader that stops reading for a while
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(slow)
+        while not got["a"]:
+            await trio.sleep(0)
+        tokens, _, rec = await _run(engine, b, max_tokens=24)
+        got["b"] = tokens
+        assert len(got["a"]) == 1, "the slow reader has still read one token"
+        # a's answer was computed meanwhile: reading it now needs no llama.cpp work
+        evaluated = engine.batches_evaluated
+        resume.set()
+    assert engine.batches_evaluated == evaluated
+    assert [got["a"], got["b"]] == alone
 
 
 async def test_chat_tokens_use_the_models_own_template(engine: Any) -> None:

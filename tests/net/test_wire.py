@@ -126,6 +126,17 @@ def test_gossip_digest_and_load_round_trip():
     assert info.busy and info.epoch == 9 and info.digest_version == 3
     assert info.load.queued_prefill_tokens == 120 and info.load.active_requests == 2
     assert info.addrs == ("/ip4/127.0.0.1/tcp/4001",)
+    assert (info.load.slots, info.load.free_slots, info.load.slot_wait_ms) == (1, 1, 0.0)
+
+
+def test_load_reports_carry_slots_and_read_a_report_without_them_as_one_slot():
+    sent = Load(300, 4.0, 9, slots=8, free_slots=0, slot_wait_ms=1250.0)
+    info = decode_gossip(encode_gossip_load(load_to_pb(PEER, FP, sent, False, 1, 1, [])), sender=PEER, fingerprint=FP)
+    assert info.load == sent
+    old = pb.LoadReport(node_id=PEER, model_fingerprint=FP, queued_prefill_tokens=5, prefill_ms_per_token=4.0,
+                        active_requests=1, epoch=1)  # what a node from before continuous batching sends
+    info = decode_gossip(encode_gossip_load(old), sender=PEER, fingerprint=FP)
+    assert (info.load.slots, info.load.free_slots, info.load.slot_wait_ms) == (1, 0, 0.0)
 
 
 @pytest.mark.parametrize(
@@ -139,6 +150,10 @@ def test_gossip_digest_and_load_round_trip():
         (encode_gossip_load(load_to_pb(PEER, "e" * 16, Load(), False, 1, 1, [])), "other-model"),
         (encode_gossip_load(load_to_pb(PEER, FP, Load(0, float("nan"), 0), False, 1, 1, [])), "malformed"),
         (encode_gossip_load(load_to_pb(PEER, FP, Load(), False, 1, 1, ["not-a-multiaddr"])), "malformed"),
+        (encode_gossip_load(pb.LoadReport(node_id=PEER, model_fingerprint=FP, slots=2, free_slots=3)), "malformed"),
+        (encode_gossip_load(pb.LoadReport(node_id=PEER, model_fingerprint=FP, slots=5000)), "malformed"),
+        (encode_gossip_load(pb.LoadReport(node_id=PEER, model_fingerprint=FP, slot_wait_ms=float("inf"))), "malformed"),
+        (encode_gossip_load(pb.LoadReport(node_id=PEER, model_fingerprint=FP, slot_wait_ms=-1.0)), "malformed"),
         (pb.GossipMessage(version=2, digest=b"").SerializeToString(), "version"),
         (pb.GossipMessage(version=1).SerializeToString(), "malformed"),
         (b"\x00" * (GOSSIP_MAX_BYTES + 1), "oversized"),

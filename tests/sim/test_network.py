@@ -37,6 +37,10 @@ def test_wire_sizes_match_the_generated_protobuf() -> None:
     for queued, active, busy, epoch, version in [(0, 0, False, 0, 0), (1500, 3, True, (1 << 63) - 5, 77), (5, 1, False, 300, 1 << 20)]:
         report = wire.load_to_pb(node, fp, Load(queued, 4.35, active), busy, epoch, version, ["/ip4/203.0.113.7/tcp/4001"])
         assert load_report_bytes(node, fp, queued, active, busy, epoch, version) == len(wire.encode_gossip_load(report))
+    for slots, free, wait in [(8, 0, 1250.0), (4, 3, 0.0), (300, 0, 7.5)]:
+        report = wire.load_to_pb(node, fp, Load(9, 4.35, 9, slots, free, wait), False, 1, 1, ["/ip4/203.0.113.7/tcp/4001"])
+        size = load_report_bytes(node, fp, 9, 9, False, 1, 1, slots=slots, free_slots=free, slot_wait_ms=wait)
+        assert size == len(wire.encode_gossip_load(report))
     for n in (0, 100, 5000, 300_000):
         assert digest_message_bytes(n) == len(wire.encode_gossip_digest(b"d" * n))
 

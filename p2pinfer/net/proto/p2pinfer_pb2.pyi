@@ -199,7 +199,7 @@ class DigestPullResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., digest: _Optional[bytes] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., peers: _Optional[_Iterable[_Union[PeerRecord, _Mapping]]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("node_id", "model_fingerprint", "queued_prefill_tokens", "prefill_ms_per_token", "active_requests", "busy", "epoch", "digest_version", "addrs")
+    __slots__ = ("node_id", "model_fingerprint", "queued_prefill_tokens", "prefill_ms_per_token", "active_requests", "busy", "epoch", "digest_version", "addrs", "slots", "free_slots", "slot_wait_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,9 @@ class LoadReport(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     DIGEST_VERSION_FIELD_NUMBER: _ClassVar[int]
     ADDRS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    FREE_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    SLOT_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     model_fingerprint: str
     queued_prefill_tokens: int
@@ -218,7 +221,10 @@ class LoadReport(_message.Message):
     epoch: int
     digest_version: int
     addrs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., queued_prefill_tokens: _Optional[int] = ..., prefill_ms_per_token: _Optional[float] = ..., active_requests: _Optional[int] = ..., busy: _Optional[bool] = ..., epoch: _Optional[int] = ..., digest_version: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ...) -> None: ...
+    slots: int
+    free_slots: int
+    slot_wait_ms: float
+    def __init__(self, node_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., queued_prefill_tokens: _Optional[int] = ..., prefill_ms_per_token: _Optional[float] = ..., active_requests: _Optional[int] = ..., busy: _Optional[bool] = ..., epoch: _Optional[int] = ..., digest_version: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., slot_wait_ms: _Optional[float] = ...) -> None: ...
 
 class GossipMessage(_message.Message):
     __slots__ = ("version", "digest", "load")

@@ -1,0 +1,65 @@
+"""What the slot loop tells the engine about a job (loop thread -> trio).
+
+Plain data, no llama.cpp: the engine module imports these without loading
+the C library. A job's events come in this order: :class:`Restored` (it has
+a slot), token chunks, :class:`Prefilled` (right after the first chunk),
+more chunks, then exactly one :class:`Finished` or :class:`Failed`, after
+which the job no longer holds its slot. A job cancelled or failed before
+it got a slot posts only the last event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+from .base import TokenChunk
+
+if TYPE_CHECKING:
+    from .kv_state import KvSpan
+
+__all__ = ["Event", "Failed", "Finished", "Prefilled", "Restored"]
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """The job has a slot; ``reused`` cached tokens are in its sequence."""
+
+    slot: int
+    reused: int
+    restore_s: float
+    error: str | None = None
+    """Why the planned prefix could not be restored (it is then recomputed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prefilled:
+    """The prompt is evaluated and its first token was sent before this."""
+
+    prefill_s: float
+    """Time the job's own prompt chunks took (other slots' steps in between excluded)."""
+    wall_s: float
+    """From its first chunk to its first token, interleaved steps included."""
+    span: KvSpan | None
+    """The prompt's new positions ``[save_from, n)`` for the cache (None: not asked, or failed)."""
+    save_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The job left its slot: ``reason`` is stop, length or cancelled."""
+
+    reason: str
+    generated: int
+    decode_steps: int
+    decode_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """llama.cpp failed this job; it left its slot."""
+
+    message: str
+
+
+Event = Union[Restored, Prefilled, TokenChunk, Finished, Failed]

@@ -1,0 +1,329 @@
+"""Continuous batching: the thread that owns a llama.cpp context and steps every slot.
+
+The llama.cpp engine has ``n_slots`` sequences in one context
+(:class:`~p2pinfer.engines.llama_runtime.LlamaRuntime`). One thread, the
+*slot loop*, does all the work on that context, in iterations:
+
+1. **reap**: a job whose request was cancelled leaves its slot (its KV is
+   dropped, its sampler freed) before anything else runs;
+2. **admit**: jobs submitted by the engine take the lowest free slots; a
+   job's cached prefix (saved spans, planned by the engine) is restored into
+   its slot's sequence;
+3. **one prompt chunk**: of the job admitted first among those still in
+   prefill (first come first served, which minimises the average time to
+   first token); when it is the prompt's last chunk the first token is
+   sampled and sent at once, then the prompt's new span is saved for the
+   cache;
+4. **one decode step**: one ``llama_decode`` with one token for every
+   decoding slot, then one sample per slot.
+
+So a long prompt delays the others' next token by one chunk at most, and
+a slot is taken as soon as it is free. The loop never waits for a consumer:
+results go out through each job's ``post`` callback (the engine hands them
+to the request's trio task without blocking), so a slow reader only fills
+its own buffer.
+
+The engine side (admission, the prefix cache, queue accounting) runs in
+trio and talks to the loop only through :meth:`SlotLoop.submit`, a job's
+``cancel`` flag and the events a job posts. Nothing here touches the radix
+tree.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+import logging
+import threading
+import time
+from typing import Any
+
+from .base import TokenChunk, TokenLogprob
+from .kv_state import KvSpan
+from .slot_events import Event, Failed, Finished, Prefilled, Restored
+from .llama_runtime import DecodeError, GrammarError, LlamaRuntime, RestoreError, SamplerSpec
+from .text_stream import TextStream
+
+__all__ = ["SlotJob", "SlotLoop"]
+
+log = logging.getLogger("p2pinfer.engines.slots")
+
+
+@dataclass(eq=False)
+class SlotJob:
+    """One request as the slot loop sees it."""
+
+    tokens: list[int]
+    sampler: SamplerSpec
+    max_tokens: int
+    post: Callable[[SlotJob, list[Event]], None]
+    """Called in the loop thread with this job's new events; must not block."""
+    stop: tuple[str, ...] = ()
+    restore: list[tuple[KvSpan, int, int]] = field(default_factory=list)
+    """Saved spans of the cached prefix: ``(span, start, upto)``, consecutive from 0."""
+    save_from: int | None = None
+    """Save the prompt's positions ``[save_from, n)`` once they are evaluated."""
+    cancel: threading.Event = field(default_factory=threading.Event)
+    # -- the loop's own state ------------------------------------------------
+    slot: int = -1
+    order: int = 0
+    pos: int = 0
+    """Prompt tokens in the sequence (restored or evaluated)."""
+    token: int | None = None
+    """Sampled and sent, to be evaluated by the next decode step."""
+    generated: int = 0
+    chain: Any = None
+    text: TextStream | None = None
+    prefill_s: float = 0.0
+    first_chunk_at: float | None = None
+    decode_steps: int = 0
+    decode_s: float = 0.0
+    done: bool = False
+    reason: str = ""
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.pos < len(self.tokens)
+
+
+class SlotLoop:
+    """See the module docstring. ``start()`` before use, ``close()`` to stop."""
+
+    def __init__(self, rt: LlamaRuntime) -> None:
+        self._rt = rt
+        self._cv = threading.Condition()
+        self._inbox: deque[SlotJob] = deque()
+        self._slots: list[SlotJob | None] = [None] * rt.n_seq
+        self._closing = False
+        self._order = 0
+        self._thread = threading.Thread(target=self._run, name="p2pinfer-slot-loop", daemon=True)
+        # Observability, written by the loop thread only (plain attributes: a
+        # reader in another thread sees the last value written).
+        self.decoding = 0
+        """Slots in their decode phase after the last iteration."""
+        self.busy_slots = 0
+        self.last_step_s: float | None = None
+        """Wall time of the last decode step."""
+        self.last_step_size = 0
+        self.steps = 0
+        self.chunks = 0
+        self.error: BaseException | None = None
+        """Set if the loop itself died (a bug): every job then fails."""
+
+    @property
+    def n_slots(self) -> int:
+        return len(self._slots)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: SlotJob) -> None:
+        """Queue ``job``; it takes the next free slot at the next iteration."""
+        with self._cv:
+            if self._closing:
+                raise RuntimeError("the slot loop is closed")
+            self._order += 1
+            job.order = self._order
+            self._inbox.append(job)
+            self._cv.notify()
+
+    def wake(self) -> None:
+        """Make the loop look at cancel flags now (it may be waiting for work)."""
+        with self._cv:
+            self._cv.notify()
+
+    def close(self) -> None:
+        """Stop the loop (blocking: up to one chunk or step); running jobs fail."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    # -- the loop ------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while self._iteration():
+                pass
+        except BaseException as exc:  # a bug: fail everyone rather than hang them
+            log.exception("the slot loop died")
+            self.error = exc
+        finally:
+            with self._cv:
+                self._closing = True
+                pending = list(self._inbox)
+                self._inbox.clear()
+            why = "the engine is closed" if self.error is None else f"the engine failed: {self.error!r}"
+            for job in [j for j in self._slots if j is not None] + pending:
+                self._end(job, Failed(why))
+
+    def _iteration(self) -> bool:
+        with self._cv:
+            while not self._closing and not self._inbox and not any(self._slots):
+                self._cv.wait()
+            if self._closing:
+                return False
+        self._reap()
+        self._admit()
+        job = min((j for j in self._slots if j is not None and j.in_prefill), key=lambda j: j.order, default=None)
+        if job is not None:
+            self._prefill_chunk(job)
+            self._reap()
+        steps = [j for j in self._slots if j is not None and j.token is not None]
+        if steps:
+            self._decode_step(steps)
+        self.busy_slots = sum(1 for j in self._slots if j is not None)
+        self.decoding = sum(1 for j in self._slots if j is not None and not j.in_prefill)
+        return True
+
+    def _reap(self) -> None:
+        for job in self._slots:
+            if job is not None and job.cancel.is_set():
+                self._end(job, Finished("cancelled", job.generated, job.decode_steps, job.decode_s))
+
+    def _admit(self) -> None:
+        rt = self._rt
+        while True:
+            free = next((i for i, j in enumerate(self._slots) if j is None), None)
+            if free is None:
+                return
+            with self._cv:
+                if not self._inbox:
+                    return
+                job = self._inbox.popleft()
+            if job.cancel.is_set():
+                self._end(job, Finished("cancelled", 0, 0, 0.0))
+                continue
+            job.slot = free
+            self._slots[free] = job
+            rt.clear_seq(free)
+            t0 = time.perf_counter()
+            error = None
+            if job.restore:
+                try:
+                    job.pos = rt.restore(job.restore, seq=free)
+                except RestoreError as exc:
+                    error = str(exc)
+                    rt.clear_seq(free)
+                    job.pos = 0
+            job.restore = []  # the spans' memory belongs to the cache again
+            if job.save_from is not None:
+                job.save_from = min(job.save_from, job.pos)
+            try:
+                job.chain = rt.new_sampler(job.sampler)
+            except GrammarError as exc:  # the engine checks grammars before queueing; never take the loop down
+                self._end(job, Failed(f"grammar: {exc}"))
+                continue
+            job.text = TextStream(job.stop)
+            job.post(job, [Restored(free, job.pos, time.perf_counter() - t0, error)])
+
+    def _prefill_chunk(self, job: SlotJob) -> None:
+        rt = self._rt
+        n = len(job.tokens)
+        # the same cuts as LlamaRuntime.prefill over the rest of the prompt
+        off, size = rt.chunks(n - job.pos)[0]
+        t0 = time.perf_counter()
+        if job.first_chunk_at is None:
+            job.first_chunk_at = t0
+        try:
+            index = rt.eval_chunk(job.tokens[job.pos : job.pos + size], job.pos, job.slot)
+        except DecodeError as exc:
+            self._end(job, Failed(f"llama.cpp failed during prefill: {exc}"))
+            return
+        job.pos += size
+        self.chunks += 1
+        if job.in_prefill:
+            job.prefill_s += time.perf_counter() - t0
+            return
+        first = rt.sample(job.chain, index)
+        logprob = rt.token_logprob(job.sampler, index, first)
+        t1 = time.perf_counter()
+        job.prefill_s += t1 - t0
+        wall = t1 - job.first_chunk_at
+        events: list[Event] = []
+        self._take(job, first, events, logprob)
+        job.post(job, events)  # the first token goes out before the span is saved
+        span = None
+        error = None
+        if job.save_from is not None and job.save_from < n:
+            try:
+                span = rt.save_span(job.save_from, n, seq=job.slot)
+            except Exception as exc:  # not caching this prompt is not worth failing the request
+                error = str(exc)
+        after: list[Event] = [Prefilled(job.prefill_s, wall, span, error)]
+        if job.done:
+            after.append(self._finish_event(job))
+            self._release(job)
+        job.post(job, after)
+
+    def _decode_step(self, steps: Sequence[SlotJob]) -> None:
+        rt = self._rt
+        n = len(steps)
+        t0 = time.perf_counter()
+        try:
+            rt.decode([(j.slot, j.token, len(j.tokens) + j.generated - 1) for j in steps])  # type: ignore[misc]
+        except DecodeError as exc:
+            for job in steps:
+                self._end(job, Failed(f"llama.cpp failed while decoding: {exc}"))
+            return
+        picked = [rt.sample(job.chain, i) for i, job in enumerate(steps)]
+        # Read now: the next decode overwrites the logits rows.
+        logprobs = [rt.token_logprob(job.sampler, i, t) for i, (job, t) in enumerate(zip(steps, picked))]
+        dt = time.perf_counter() - t0
+        self.steps += 1
+        self.last_step_s = dt
+        self.last_step_size = n
+        for job, token, logprob in zip(steps, picked, logprobs):
+            job.decode_steps += 1
+            job.decode_s += dt
+            events: list[Event] = []
+            self._take(job, token, events, logprob)
+            if job.done:
+                events.append(self._finish_event(job))
+                self._release(job)
+            job.post(job, events)
+
+    def _take(self, job: SlotJob, token: int, events: list[Event], logprob: TokenLogprob | None = None) -> None:
+        """Handle a sampled token: send it, or finish (end of generation, stop string, length)."""
+        rt = self._rt
+        assert job.text is not None
+        job.token = None
+        if rt.is_eog(token):
+            job.done, job.reason = True, "stop"
+            return
+        job.generated += 1
+        piece = job.text.feed(rt.piece(token))
+        if job.text.stopped:
+            job.done, job.reason = True, "stop"
+        elif job.generated >= job.max_tokens:
+            piece += job.text.flush()
+            job.done, job.reason = True, "length"
+        else:
+            job.token = token
+        events.append(TokenChunk((token,), piece, (logprob,) if logprob is not None else ()))
+
+    @staticmethod
+    def _finish_event(job: SlotJob) -> Finished:
+        return Finished(job.reason or "stop", job.generated, job.decode_steps, job.decode_s)
+
+    def _release(self, job: SlotJob) -> None:
+        """Free the job's slot (KV and sampler); no event."""
+        job.done = True
+        job.token = None
+        if job.slot >= 0 and self._slots[job.slot] is job:
+            self._slots[job.slot] = None
+            try:
+                self._rt.clear_seq(job.slot)
+            except Exception:  # the context is being torn down
+                pass
+        if job.chain is not None:
+            self._rt.free_sampler(job.chain)
+            job.chain = None
+
+    def _end(self, job: SlotJob, event: Event) -> None:
+        self._release(job)
+        try:
+            job.post(job, [event])
+        except Exception:  # a post must not kill the loop
+            log.exception("posting a job's last event failed")
