@@ -39,6 +39,7 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
 
 def node_config_from_settings(settings: NodeSettings) -> Any:
     from ..core.router import RouterConfig
+    from ..core.verify import VerifyConfig
     from ..net.config import ConfigError, NodeConfig
 
     if settings.private_network and not settings.swarm_secret:
@@ -46,6 +47,10 @@ def node_config_from_settings(settings: NodeSettings) -> Any:
     key_file = str(Path(settings.key_file).expanduser()) if settings.key_file else None
     if key_file:
         Path(key_file).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        verify = VerifyConfig(fraction=settings.verify_fraction)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     try:
         return NodeConfig(
             listen=tuple(settings.listen),
@@ -55,7 +60,7 @@ def node_config_from_settings(settings: NodeSettings) -> Any:
             key_file=key_file,
             engine=settings.engine,
             engine_options=engine_options(settings),
-            router=RouterConfig(policy=settings.policy),
+            router=RouterConfig(policy=settings.policy, verify=verify),
             swarm_secret=settings.swarm_secret.encode() if settings.swarm_secret else None,
             private_network=settings.private_network,
         )
@@ -192,6 +197,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "crashes on some Intel AMX CPUs (llama.cpp issue 20824); `p2pinfer doctor` tries it.",
         ),
         policy: Optional[str] = typer.Option(None, help="Routing policy: cost, paper, random, round-robin, least-loaded, local."),
+        verify_fraction: Optional[float] = typer.Option(
+            None, help="Share of forwarded answers checked against this node's model, 0..1 (default 0.1; "
+            "a new peer's first answers are always checked).",
+        ),
         key_file: Optional[str] = typer.Option(None, help="Identity key file (created if missing)."),
         swarm_secret: Optional[str] = typer.Option(None, "--swarm-secret", "--secret", help="Swarm secret (keys the digests)."),
         private_network: Optional[bool] = typer.Option(

@@ -52,6 +52,7 @@ from .base import (
     GenerationParams,
     GenerationRecord,
     InvalidRequestError,
+    PositionScore,
     TokenChunk,
     TokenLogprob,
     with_tool_instructions,
@@ -516,6 +517,50 @@ class LlamaCppEngine(Engine):
             if pin is not None:
                 self._cache.unpin(pin)
             self._garbage.append(req)
+            self.queue.finish(ticket)
+
+    # -- verification ------------------------------------------------------------
+    can_score = True
+
+    async def score(self, tokens: Sequence[int], start: int, *, temperature: float = 1.0) -> list[PositionScore]:
+        """See :meth:`Engine.score`: one prefill of ``tokens`` from position 0
+        (:func:`~.llama_score.score_tokens`), in the FIFO with requests and
+        counted in the load as the prefill it is. The prefix cache is neither
+        used nor changed."""
+        from .llama_score import score_tokens  # noqa: PLC0415
+
+        if self._closed:
+            raise EngineError("the engine is closed")
+        self.validate_score(tokens, start, temperature)
+        tokens = list(tokens)
+        cancel = threading.Event()
+        try:
+            ticket = self.queue.admit(tokens, 0)
+        except QueueFull as exc:
+            raise EngineOverloadedError(str(exc)) from None
+        try:
+            async with self._lock:
+                if self._closed:
+                    raise EngineError("the engine is closed")
+                self.queue.start(ticket, 0)
+                t0 = time.perf_counter()
+
+                def job() -> list[PositionScore]:
+                    if self._closed:
+                        raise EngineError("the engine is closed")
+                    self._rt.clear()
+                    return score_tokens(self._rt, tokens, start, temperature, cancel=cancel)
+
+                try:
+                    out: list[PositionScore] = await self._run(job)
+                except EngineError:
+                    raise
+                except Exception as exc:
+                    raise EngineError(f"llama.cpp failed while scoring: {exc}") from exc
+                self.queue.prefilled(ticket, len(tokens), (time.perf_counter() - t0) * 1000 / len(tokens))
+                return out
+        finally:
+            cancel.set()
             self.queue.finish(ticket)
 
     def _drop_phantoms(self) -> None:

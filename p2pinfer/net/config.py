@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.router import GossipConfig, RouterConfig, TrustConfig
+from ..core.verify import VerifyConfig
 
 __all__ = ["NodeConfig", "ConfigError"]
 
@@ -127,6 +128,8 @@ class NodeConfig:
                 r["gossip"] = GossipConfig(**r["gossip"])
             if isinstance(r.get("trust"), Mapping):
                 r["trust"] = TrustConfig(**r["trust"])
+            if isinstance(r.get("verify"), Mapping):
+                r["verify"] = VerifyConfig(**r["verify"])
             kwargs["router"] = RouterConfig(**r)
         if "key_file" in kwargs and isinstance(kwargs["key_file"], Path):
             kwargs["key_file"] = str(kwargs["key_file"])
