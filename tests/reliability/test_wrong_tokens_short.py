@@ -85,23 +85,23 @@ def test_a_wrong_token_node_is_caught_on_its_first_answer_and_gets_no_more_traff
 def test_honest_llama_cpp_peers_with_other_thread_counts_pass_every_check() -> None:
     """Real SmolLM2 on both sides, the origin at 1 thread and batch 32, the peer at 2 threads and
     batch 128 with flash attention: every answer is checked (fraction 1) and none is rejected."""
-    llama = {"engine": "llama-cpp"}
     a_opts = {"threads": 1, "batch_size": 32, "context_size": 2048, "cache_tokens": 4096}
     b_opts = {"threads": 2, "batch_size": 128, "flash_attn": True, "context_size": 2048, "cache_tokens": 4096}
-    a = NodeProcess(with_verify(fast_config(**llama).replace(engine_options=a_opts), fraction=1.0), "honest-a",
+    a = NodeProcess(with_verify(fast_config().replace(engine="llama-cpp", engine_options=a_opts), fraction=1.0), "honest-a",
                     start_timeout_s=120)
     nodes = [a]
     try:
-        b = NodeProcess(fast_config(bootstrap=(a.addr,), **llama).replace(engine_options=b_opts), "honest-b",
+        b = NodeProcess(fast_config(bootstrap=(a.addr,)).replace(engine="llama-cpp", engine_options=b_opts), "honest-b",
                         start_timeout_s=120)
         nodes.append(b)
         wait_until(lambda: eligible(a, [b.peer_id]), 60, interval_s=0.2, what="a sees b")
         texts = [
-            "The following are multiple choice questions (with answers) about astronomy.\n\n"
-            "What is the closest planet to the Sun?\nA. Venus\nB. Mercury\nC. Mars\nD. Earth\nAnswer:",
-            "Write a short poem about the sea and the wind at night.",
-            "def fibonacci(n):\n    ",
             "The capital of France is",
+            "Once upon a time, in a small village by the sea, there lived",
+            "1, 2, 3, 4, 5, 6,",
+            "The following are multiple choice questions (with answers) about astronomy.\n\n"
+            "What is the closest planet to the Sun?\nA. Venus\nB. Mercury\nC. Mars\nD. Earth\nAnswer: B. Mercury\n\n"
+            "Which planet has the most moons?\nA.",
         ]
         checked = 0
         for i, text in enumerate(texts * 2):
@@ -110,6 +110,7 @@ def test_honest_llama_cpp_peers_with_other_thread_counts_pass_every_check() -> N
                 params.update(temperature=0.9, seed=i)
             r = a.call("generate", prompt=text, prefer=b.peer_id, timeout_s=120, **params)
             assert r["served_by"] == b.peer_id, r["attempts"]
+            assert r["generated_tokens"] > 0, r  # every prompt here has an answer to check
             assert r["attempts"][-1]["check"] == "passed", r["attempts"]
             checked += 1
         status = a.call("status")
