@@ -67,7 +67,7 @@ async def _measure(prompts: int, max_tokens: int, seed: int, temperature: float)
     rng = random.Random(seed)
     work = MMLUWorkload(load_mmlu(), seed=seed)
     texts = ["".join(p.parts) for p in work.prompts(prompts, rng)]
-    engines = {name: LlamaCppEngine(context_size=2048, cache_tokens=0, **opts) for name, opts in CONFIGS.items()}
+    engines = {name: LlamaCppEngine(context_size=4096, cache_tokens=0, **opts) for name, opts in CONFIGS.items()}
     liar = WrongTokenEngine(engines["t2-b128"], "other-model", seed=seed)
     greedy = GenerationParams(max_tokens=max_tokens)
     sampled = GenerationParams(max_tokens=max_tokens, temperature=temperature, top_k=40, top_p=0.95)

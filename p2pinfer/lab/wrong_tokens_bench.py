@@ -43,7 +43,7 @@ def _node_config(bootstrap: tuple[str, ...], verify: Any, threads: int) -> Any:
     cfg = fast_config(bootstrap=bootstrap, gossip=gossip, stall_timeout_s=60.0, request_timeout_s=300.0, connect_timeout_s=10.0)
     return cfg.replace(
         engine="llama-cpp",
-        engine_options={"threads": threads, "context_size": 2048, "cache_tokens": 32768},
+        engine_options={"threads": threads, "context_size": 4096, "cache_tokens": 32768},
         router=RouterConfig(gossip=gossip, verify=verify),
     )
 
@@ -138,7 +138,6 @@ def run_liar_scenario(scenario: str, *, subjects: int, requests: int, max_tokens
         liar = swarm.ids[3]
         honest = swarm.nodes[:3]
         records: list[dict[str, Any]] = []
-        to_liar_before = None
         t0 = time.monotonic()
         for i, (g, text) in enumerate(plan):
             entry = _entry(g, i, (0, 1, 2))
@@ -150,13 +149,20 @@ def run_liar_scenario(scenario: str, *, subjects: int, requests: int, max_tokens
             except Exception as exc:  # an explicit failure is a figure
                 rec.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:300])
             records.append(rec)
-            if to_liar_before is None and all(liar in n.call("status")["distrusted_peers"] for n in honest):
-                to_liar_before = sum(1 for r in records for a in r.get("attempts", ()) if a["target"] == liar)
-                rec["all_distrusted_after"] = True
+        # An origin has distrusted the liar from the request in which one of its checks failed
+        # (read from the attempts, not from /status: a sanction lasts distrust_s, shorter than a slow run).
+        caught: set[int] = set()
+        cut = None
+        for rec in records:
+            if any(a["target"] == liar and a.get("check") in ("rejected", "failed_after_streaming") for a in rec.get("attempts", ())):
+                caught.add(rec["entry"])
+            if cut is None and caught == {0, 1, 2}:
+                cut = rec["i"]
+        to_liar_before = None if cut is None else sum(
+            1 for r in records if r["i"] <= cut for a in r.get("attempts", ()) if a["target"] == liar)
         wall = time.monotonic() - t0
         statuses = [n.call("status") for n in swarm.nodes]
         liar_attempts = [a for r in records for a in r.get("attempts", ()) if a["target"] == liar]
-        cut = next((r["i"] for r in records if r.get("all_distrusted_after")), None)
         after = [a for r in records if cut is not None and r["i"] > cut for a in r.get("attempts", ()) if a["target"] == liar]
         return {
             "wrong_token_mode": MODES[scenario],
@@ -164,7 +170,8 @@ def run_liar_scenario(scenario: str, *, subjects: int, requests: int, max_tokens
             "failed": sum(1 for r in records if not r.get("ok")),
             "wall_s": round(wall, 1),
             "requests_to_liar_before_distrust": to_liar_before,
-            "distrusted_by": sum(1 for s in statuses[:3] if liar in s["distrusted_peers"]),
+            "origins_that_caught_it": sorted(caught),
+            "distrusted_by_at_end": sum(1 for s in statuses[:3] if liar in s["distrusted_peers"]),
             "request_at_which_all_distrusted": cut,
             "requests_to_liar_after_distrust": len(after),
             "liar_answers_by_check": {k: sum(1 for a in liar_attempts if a.get("check") == k) for k in
@@ -182,13 +189,13 @@ def run_liar_scenario(scenario: str, *, subjects: int, requests: int, max_tokens
 
 
 def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed: int, concurrency: int,
-             threads: int) -> dict[str, Any]:
-    """Two honest swarms side by side: default verification against none."""
+             threads: int, verify_fraction: float = 0.1) -> dict[str, Any]:
+    """Two honest swarms side by side: verification at ``verify_fraction`` (and probation) against none."""
     from ..core.verify import VerifyConfig
     from .node_process import wait_until
 
     seeds, plan = _prompts(subjects, warmup + requests, seed)
-    configs = {"verify_default": VerifyConfig(), "verify_off": VerifyConfig(fraction=0.0, probation_answers=0)}
+    configs = {"verify_default": VerifyConfig(fraction=verify_fraction), "verify_off": VerifyConfig(fraction=0.0, probation_answers=0)}
     swarms: dict[str, Swarm] = {}
     try:
         with ThreadPoolExecutor(2) as pool:
@@ -235,7 +242,8 @@ def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed
                 futs = {k: pool.submit(drive, s, items) for k, s in swarms.items()}
                 phases[phase] = {k: f.result() for k, f in futs.items()}
         statuses = {k: [n.call("status") for n in s.nodes] for k, s in swarms.items()}
-        out: dict[str, Any] = {"warmup_requests": warmup, "measured_requests": requests, "concurrency": concurrency}
+        out: dict[str, Any] = {"warmup_requests": warmup, "measured_requests": requests, "concurrency": concurrency,
+                               "verify_fraction": verify_fraction}
         for k, s in swarms.items():
             wall, records = phases["measured"][k]
             all_records = phases["warmup"][k][1] + records
@@ -266,6 +274,7 @@ def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed
 def run_wrong_tokens(
     scenarios: tuple[str, ...], *, subjects: int = 8, requests: int = 40, cost_requests: int = 60, warmup: int = 40,
     max_tokens: int = 8, seed: int = 1, concurrency: int = 4, threads: int = 1, with_cost: bool = True,
+    verify_fraction: float = 0.1,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "liar (wrong tokens)",
@@ -281,7 +290,7 @@ def run_wrong_tokens(
                                                     seed=seed, threads=threads)
     if with_cost:
         result["cost"] = run_cost(subjects=subjects, requests=cost_requests, warmup=warmup, max_tokens=max_tokens,
-                                  seed=seed + 1, concurrency=concurrency, threads=threads)
+                                  seed=seed + 1, concurrency=concurrency, threads=threads, verify_fraction=verify_fraction)
         result["verification_throughput_cost"] = result["cost"]["verification_throughput_cost"]
     for sc, r in result["scenarios"].items():
         result.setdefault("requests_to_liar_before_distrust", {})[sc] = r["requests_to_liar_before_distrust"]

@@ -237,6 +237,9 @@ def test_target_dying_mid_stream_resumes_without_repeating_or_dropping(cluster):
     # C decodes at 12.5 ms per token: 120 tokens take 1.5 s, time to kill it.
     a, b, c = cluster.three(A={"speed": 0.1}, B={"speed": 0.1}, C={"speed": 1.0})
     p = prompt(41, 96)
+    for i in range(2):  # C's probation at A (its answers are held back until checked): passed first
+        warm = a.call("generate", tokens=prompt(50 + i, 96), max_tokens=2, prefer=c.peer_id, timeout_s=20)
+        assert warm["attempts"][-1]["check"] == "passed", warm["attempts"]
     wait = a.start_call("generate", tokens=p, max_tokens=120, prefer=c.peer_id, stream=True)
     streamed: list[int] = []
     while len(streamed) < 5:
