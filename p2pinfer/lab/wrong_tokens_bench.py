@@ -9,7 +9,8 @@ greedy tokens.
 * ``wrong-tokens`` / ``other-model``: node 3 serves with the lab's
   :class:`~p2pinfer.lab.wrong_tokens.WrongTokenEngine` (random tokens; or the
   second test model's answer, Gemma 3 270M, re-tokenised), requests enter at
-  the three honest nodes one at a time. Reported: the answers the liar gave
+  the three honest nodes one at a time, the subjects in turn (so each origin
+  meets the liar's subject every ``subjects`` requests). Reported: the answers the liar gave
   before every honest node had distrusted it
   (``requests_to_liar_before_distrust``), how many of its tokens reached a
   client, and whether it got any traffic afterwards.
@@ -82,16 +83,22 @@ class Swarm:
             n.close()
 
 
-def _prompts(subjects: int, requests: int, seed: int) -> tuple[list[str], list[tuple[int, str]]]:
+def _prompts(subjects: int, requests: int, seed: int, round_robin: bool = False) -> tuple[list[str], list[tuple[int, str]]]:
+    """Each subject's seeding prompt, then ``(subject, prompt)`` per request: subjects drawn
+    uniformly, or (``round_robin``) in turn, so that every origin meets the liar's subject soon."""
     from ..workloads.mmlu import MMLUWorkload, load_mmlu
 
     work = MMLUWorkload(load_mmlu()[:subjects], seed=seed)
     rng = random.Random(seed)
     seeds = ["".join(work.prompt(g, 0).parts) for g in range(subjects)]
     plan = []
-    for _ in range(requests):
-        p = work.draw(rng)
-        g = next(i for i, s in enumerate(work.subjects) if s.name == p.label)
+    for i in range(requests):
+        if round_robin:
+            g = i % subjects
+            p = work.prompt(g, 1 + i // subjects)
+        else:
+            p = work.draw(rng)
+            g = next(k for k, s in enumerate(work.subjects) if s.name == p.label)
         plan.append((g, "".join(p.parts)))
     return seeds, plan
 
@@ -129,7 +136,7 @@ def run_liar_scenario(scenario: str, *, subjects: int, requests: int, max_tokens
     from ..core.verify import VerifyConfig
     from .node_process import wait_until
 
-    seeds, plan = _prompts(subjects, requests, seed)
+    seeds, plan = _prompts(subjects, requests, seed, round_robin=True)
     swarm = Swarm(scenario, VerifyConfig(), wrong=MODES[scenario], threads=threads)
     try:
         wait_until(swarm.meshed, 120, interval_s=0.3, what="every node sees the three others")
@@ -140,7 +147,7 @@ def run_liar_scenario(scenario: str, *, subjects: int, requests: int, max_tokens
         records: list[dict[str, Any]] = []
         t0 = time.monotonic()
         for i, (g, text) in enumerate(plan):
-            entry = _entry(g, i, (0, 1, 2))
+            entry = _entry(g, i // subjects, (0, 1, 2))  # a subject's successive requests enter at each origin in turn
             rec: dict[str, Any] = {"i": i, "group": g, "entry": entry}
             try:
                 r = honest[entry].call("generate", prompt=text, max_tokens=max_tokens, timeout_s=600)
