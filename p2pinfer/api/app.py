@@ -520,4 +520,8 @@ def metrics_snapshot(node: Node) -> dict[str, Any]:
         "gossip_bytes_sent": c.gossip_published_bytes,
         "gossip_bytes_received": c.gossip_received_bytes,
         "gossip_rejected": dict(c.gossip_rejected),
+        "answers_checked": dict(c.answers_checked),
+        "tokens_checked": c.tokens_checked,
+        "check_seconds": c.check_seconds,
+        "peers_distrusted": c.peers_distrusted,
     }

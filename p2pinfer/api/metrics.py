@@ -50,6 +50,21 @@ class _SnapshotCollector(Collector):
         for reason, n in snap.get("gossip_rejected", {}).items():
             msgs.add_metric([reason], n)
         yield msgs
+        checks = CounterMetricFamily(
+            "p2pinfer_answer_checks", "Forwarded answers checked against this node's model, by result", labels=["result"]
+        )
+        for result in ("passed", "rejected", "failed_after_streaming", "error"):
+            checks.add_metric([result], snap.get("answers_checked", {}).get(result, 0))
+        yield checks
+        yield CounterMetricFamily(
+            "p2pinfer_answer_check_tokens", "Tokens prefilled to check forwarded answers", value=snap.get("tokens_checked", 0)
+        )
+        yield CounterMetricFamily(
+            "p2pinfer_answer_check_seconds", "Engine time spent checking forwarded answers", value=snap.get("check_seconds", 0.0)
+        )
+        yield CounterMetricFamily(
+            "p2pinfer_peers_distrusted", "Sanctions imposed on peers (cache lies and wrong answers)", value=snap.get("peers_distrusted", 0)
+        )
 
 
 class NodeMetrics:

@@ -41,6 +41,7 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
 
 def node_config_from_settings(settings: NodeSettings) -> Any:
     from ..core.router import RouterConfig
+    from ..core.verify import VerifyConfig
     from ..net.config import ConfigError, NodeConfig
 
     if settings.private_network and not settings.swarm_secret:
@@ -48,6 +49,10 @@ def node_config_from_settings(settings: NodeSettings) -> Any:
     key_file = str(Path(settings.key_file).expanduser()) if settings.key_file else None
     if key_file:
         Path(key_file).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        verify = VerifyConfig(fraction=settings.verify_fraction)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     try:
         return NodeConfig(
             listen=tuple(settings.listen),
@@ -57,7 +62,7 @@ def node_config_from_settings(settings: NodeSettings) -> Any:
             key_file=key_file,
             engine=settings.engine,
             engine_options=engine_options(settings),
-            router=RouterConfig(policy=settings.policy),
+            router=RouterConfig(policy=settings.policy, verify=verify),
             discovery=settings.discovery,
             auto_directory_nodes=settings.auto_directory_nodes,
             swarm_secret=settings.swarm_secret.encode() if settings.swarm_secret else None,
@@ -205,6 +210,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "directory over KadDHT placement) or auto (directory from --auto-directory-nodes peers on).",
         ),
         auto_directory_nodes: Optional[int] = typer.Option(None, help="With --discovery auto: the swarm size from which the directory is used."),
+        verify_fraction: Optional[float] = typer.Option(
+            None, help="Share of forwarded answers checked against this node's model, 0..1 (default 0.1; "
+            "a new peer's first answers are always checked).",
+        ),
         key_file: Optional[str] = typer.Option(None, help="Identity key file (created if missing)."),
         swarm_secret: Optional[str] = typer.Option(None, "--swarm-secret", "--secret", help="Swarm secret (keys the digests)."),
         private_network: Optional[bool] = typer.Option(

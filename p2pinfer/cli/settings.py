@@ -67,6 +67,9 @@ class NodeSettings:
     ``directory`` (the prefix directory over KadDHT placement) or ``auto``
     (directory from ``auto_directory_nodes`` peers on)."""
     auto_directory_nodes: int = 16
+    verify_fraction: float = 0.1
+    """Share of forwarded answers from trusted peers checked against this node's
+    model (0..1; a new peer's first answers are always checked)."""
     key_file: str | None = "~/.p2pinfer/node.key"
     """Persistent libp2p identity; empty for a new identity at every start."""
     swarm_secret: str | None = None
@@ -101,6 +104,10 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             if isinstance(value, list) and all(isinstance(v, str) for v in value):
                 return list(value)
             raise TypeError("a list of strings")
+        if "float" in str(kind):
+            if isinstance(value, bool):
+                raise TypeError("a number")
+            return float(value)
         if "bool" in str(kind):
             if isinstance(value, bool):
                 return value

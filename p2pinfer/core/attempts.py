@@ -13,7 +13,9 @@ reports what came of them:
   (nobody could serve it, or its deadline passed), :class:`Finish` (served);
 * events in: :class:`Refused` (the target answered an error code, ``BUSY``
   above all), :class:`PeerLost` (the forward broke), :class:`Done` (the
-  target's final record), :class:`DeadlinePassed`.
+  target's final record), :class:`Rejected` (the answer, held back until
+  checked, failed the check: :mod:`~p2pinfer.core.verify`),
+  :class:`DeadlinePassed`.
 
 It applies what each event means to the :class:`~p2pinfer.core.router.Router`
 (a BUSY peer is backed off, a lost peer leaves the view until it is heard
@@ -43,6 +45,7 @@ __all__ = [
     "ForwardTo",
     "PeerLost",
     "Refused",
+    "Rejected",
     "RequestAttempts",
     "Sanction",
     "ServeHere",
@@ -78,6 +81,18 @@ class Done:
 
     reused_tokens: int
     generated: int = 0
+    wrong: str = ""
+    """Set when a check of the answer, made after it was streamed, failed: the
+    request is done (the client has the tokens) and the peer is sanctioned."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The answer was held back until checked and failed: only its first
+    ``verified`` tokens count; the request continues elsewhere from them."""
+
+    verified: int
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +100,7 @@ class DeadlinePassed:
     message: str = ""
 
 
-Event = Refused | PeerLost | Done | DeadlinePassed
+Event = Refused | PeerLost | Done | Rejected | DeadlinePassed
 
 
 # -- actions out ----------------------------------------------------------------------------
@@ -145,6 +160,9 @@ class Attempt:
     message: str = ""
     generated_tokens: int = 0
     reused_tokens: int | None = None
+    check: str = ""
+    """What a check of its answer found (``passed``, ``rejected``,
+    ``failed_after_streaming``, ``error``), or empty when not checked."""
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -211,13 +229,28 @@ class RequestAttempts:
             attempt.outcome, attempt.message = "deadline", event.message
             self._end("failed")
             return [Fail("deadline", f"request not done within its deadline: {event.message}")]
+        router = self.router
+        if isinstance(event, Rejected):
+            # Its unverified tokens were never shown: they do not count.
+            attempt.generated_tokens += event.verified
+            self.produced += event.verified
+            attempt.outcome, attempt.message = "WRONG_TOKENS", event.reason
+            router.on_wrong_answer(attempt.target, now)
+            sanction = Sanction(attempt.target, f"it returned wrong tokens: {event.reason}")
+            if self.max_tokens is not None and self.produced >= self.max_tokens:
+                self._end("done")
+                return [sanction, Finish()]
+            return [sanction, self._next()]
         attempt.generated_tokens += event.generated
         self.produced += event.generated
         if isinstance(event, Done):
             attempt.outcome, attempt.reused_tokens = "done", event.reused_tokens
             self._end("done")
+            if event.wrong and not attempt.local:
+                attempt.message = f"wrong tokens: {event.wrong}"
+                router.on_wrong_answer(attempt.target, now)
+                return [Sanction(attempt.target, f"it returned wrong tokens: {event.wrong}"), Finish()]
             return [*self._judge(attempt, event.reused_tokens, now), Finish()]
-        router = self.router
         if isinstance(event, Refused):
             attempt.outcome, attempt.message = event.code, event.message
             if not attempt.local:

@@ -20,6 +20,7 @@ from .digest import Digest, DigestTracker, decode_digest, encode_digest
 from .peers import ApplyResult, Load, PeerView
 from .policies import Decision, LocalState, Policy, RouteRequest, make_policy
 from .radix import RadixTree
+from .verify import VerifyConfig
 
 __all__ = ["AnnounceSchedule", "GossipConfig", "Router", "RouterConfig", "TrustConfig"]
 
@@ -162,6 +163,8 @@ class RouterConfig:
     fallbacks, see :mod:`~p2pinfer.core.attempts`) before it serves locally."""
     gossip: GossipConfig = field(default_factory=GossipConfig)
     trust: TrustConfig = field(default_factory=TrustConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    """Which forwarded answers are checked against this node's model (:mod:`~p2pinfer.core.verify`)."""
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -290,6 +293,16 @@ class Router:
             self.view.forget_cache(peer_id)
             return True
         return False
+
+    def on_wrong_answer(self, peer_id: str, now: float) -> None:
+        """A check of the peer's answer failed (:func:`~p2pinfer.core.verify.judge`):
+        distrusted at once, as a peer whose cache claims failed, for ``distrust_s``.
+        One failed check is enough: an honest peer's tokens pass with a wide margin."""
+        state = self.view.get(peer_id)
+        if state is not None:
+            state.distrust_until = now + self.config.trust.distrust_s
+            state.trust = 1.0
+        self.view.remove(peer_id)
 
     # -- what we tell peers ------------------------------------------------------
     def take_delta(self) -> bytes | None:

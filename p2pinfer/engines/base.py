@@ -25,6 +25,7 @@ __all__ = [
     "GenerationParams",
     "GenerationRecord",
     "InvalidRequestError",
+    "PositionScore",
     "PromptTooLongError",
     "TokenChunk",
     "TokenLogprob",
@@ -169,6 +170,30 @@ class GenerationRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class PositionScore:
+    """What the engine's model says of one token given the tokens before it
+    (:meth:`Engine.score`): enough to verify a peer's answer
+    (:mod:`p2pinfer.core.verify`) without shipping the vocabulary's logits.
+
+    Log-probabilities are of the distribution at ``temperature`` (softmax of
+    logits / temperature; 1 for the raw distribution), before top-k, top-p,
+    penalties or grammar.
+    """
+
+    token_id: int
+    logprob: float
+    """Log-probability of ``token_id`` here."""
+    best_token: int
+    best_logprob: float
+    """The most likely token and its log-probability (the greedy choice)."""
+    mean_logprob: float
+    """E[log p] of a token drawn from this distribution (minus its entropy)."""
+    var_logprob: float
+    """Var[log p] of a token drawn from it: with ``mean_logprob``, the
+    log-likelihood test of a sampled answer."""
+
+
 class Engine(ABC):
     """Abstract inference engine; see the module docstring.
 
@@ -226,6 +251,33 @@ class Engine(ABC):
     @abstractmethod
     def load(self) -> Load:
         """Queued prefill tokens and the prefill speed measured online."""
+
+    can_score: ClassVar[bool] = False
+    """Whether :meth:`score` is implemented (a node verifies peers' answers only then)."""
+
+    async def score(self, tokens: Sequence[int], start: int, *, temperature: float = 1.0) -> list[PositionScore]:
+        """Score ``tokens[start:]``, each given the tokens before it, in one prefill.
+
+        One :class:`PositionScore` per position ``start..len(tokens)-1``. It
+        queues like a request (FIFO, counted in :meth:`load`): a node's
+        verification work shows in the load it reports. Raises
+        :class:`InvalidRequestError` for bad tokens or ``start`` outside
+        ``1..len(tokens)-1``.
+        """
+        raise NotImplementedError(f"the {self.name} engine cannot score tokens")
+
+    def validate_score(self, tokens: Sequence[int], start: int, temperature: float) -> None:
+        """Shared checks of a :meth:`score` call."""
+        if not 1 <= start < len(tokens):
+            raise InvalidRequestError(f"start must be in 1..{len(tokens) - 1} (got {start})")
+        if len(tokens) > self.context_size:
+            raise PromptTooLongError(f"{len(tokens)} tokens exceed the context of {self.context_size} tokens")
+        if not 0.0 < temperature <= 5.0:
+            raise InvalidRequestError("temperature must be in (0, 5]")
+        vocab = self.vocab_size
+        for t in tokens:
+            if type(t) is not int or not 0 <= t < vocab:
+                raise InvalidRequestError(f"token id {t!r} is outside the vocabulary (0..{vocab - 1})")
 
     def validate_tokens(self, tokens: Sequence[int], params: GenerationParams) -> None:
         """Shared request checks; backends call this before queueing."""

@@ -50,6 +50,7 @@ import hashlib
 import logging
 import math
 import os
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,7 @@ from .base import (
     GenerationParams,
     GenerationRecord,
     InvalidRequestError,
+    PositionScore,
     TokenChunk,
     with_tool_instructions,
 )
@@ -602,6 +604,58 @@ class LlamaCppEngine(Engine):
             self._loop.wake()
         req.send.close()
         self._end(req)
+
+    # -- verification ------------------------------------------------------------
+    can_score = True
+
+    async def score(self, tokens: Sequence[int], start: int, *, temperature: float = 1.0) -> list[PositionScore]:
+        """See :meth:`Engine.score`: one prefill of ``tokens`` from position 0
+        (:func:`~.llama_score.score_tokens`) in a slot of its own, in turn
+        with requests, and counted in the load as the prefill it is. The
+        prefix cache is neither used nor changed."""
+        from .llama_score import score_tokens  # noqa: PLC0415
+
+        if self._closed:
+            raise EngineError("the engine is closed")
+        self.validate_score(tokens, start, temperature)
+        tokens = list(tokens)
+        cancel = threading.Event()
+        try:
+            ticket = self.queue.admit(tokens, 0)
+        except QueueFull as exc:
+            raise EngineOverloadedError(str(exc)) from None
+        from .slot_loop import SlotCall  # noqa: PLC0415
+
+        send, receive = trio.open_memory_channel[tuple[Any, BaseException | None]](1)
+        token = trio.lowlevel.current_trio_token()
+
+        def done(value: Any, error: BaseException | None) -> None:
+            try:
+                token.run_sync_soon(send.send_nowait, (value, error))
+            except trio.RunFinishedError:
+                pass
+
+        # It takes a slot of its own in the slot loop, between two iterations:
+        # the other slots' KV is left alone.
+        call = SlotCall(lambda seq: score_tokens(self._rt, tokens, start, temperature, seq=seq, cancel=cancel), done, cancel)
+        try:
+            self.queue.start(ticket, 0)
+            t0 = time.perf_counter()
+            self._loop.submit(call)
+            value, error = await receive.receive()
+            if error is not None:
+                if isinstance(error, EngineError):
+                    raise error
+                if self._closed:
+                    raise EngineError("the engine is closed")
+                raise EngineError(f"llama.cpp failed while scoring: {error}") from error
+            self.queue.prefilled(ticket, len(tokens), (time.perf_counter() - t0) * 1000 / len(tokens))
+            return value  # type: ignore[no-any-return]
+        except RuntimeError as exc:  # submit() on a closed loop
+            raise EngineError(str(exc)) from None
+        finally:
+            cancel.set()
+            self.queue.finish(ticket)
 
     def _drop_phantoms(self) -> None:
         """Take out of the tree what was put there without a saved span."""

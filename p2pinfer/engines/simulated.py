@@ -12,6 +12,7 @@ language model and never claims to be one.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
+import math
 import time
 from typing import Any
 
@@ -30,11 +31,24 @@ from .base import (
     GenerationParams,
     GenerationRecord,
     InvalidRequestError,
+    PositionScore,
     TokenChunk,
     with_tool_instructions,
 )
 
-__all__ = ["SimulatedEngine"]
+__all__ = ["SIMULATED_TOP_PROBABILITY", "SimulatedEngine", "simulated_next_token"]
+
+SIMULATED_TOP_PROBABILITY = 0.9
+"""The simulated engine's "model", for :meth:`SimulatedEngine.score`: its next
+token (:func:`simulated_next_token`) has this probability, every other token
+an equal share of the rest."""
+
+
+def simulated_next_token(seq: Sequence[int]) -> int:
+    """The simulated engine's next token after ``seq``: a piece of ``seq``
+    chosen by its last token and its length (so an answer continued from any
+    of its tokens goes on exactly as it would have)."""
+    return seq[(7 * seq[-1] + 13) % len(seq)]
 
 
 class SimulatedEngine(Engine):
@@ -128,11 +142,13 @@ class SimulatedEngine(Engine):
                 self.queue.prefilled(ticket)
                 ttft = time.perf_counter() - t0
                 out: list[int] = []
-                # Echo pieces of the prompt: deterministic for greedy decoding.
+                # Echo pieces of the prompt: deterministic, a function of the sequence so far.
+                seq = list(tokens)
                 for i in range(params.max_tokens):
                     if i:
                         await trio.sleep(self.cost.decode_ms_per_token / 1000)
-                    token = tokens[(len(tokens) * 7 + i * 13) % len(tokens)]
+                    token = simulated_next_token(seq)
+                    seq.append(token)
                     out.append(token)
                     yield TokenChunk((token,), self._tokenizer.decode([token]))
                 yield GenerationRecord(
@@ -146,3 +162,38 @@ class SimulatedEngine(Engine):
                 )
         finally:
             self.queue.finish(ticket)
+
+    can_score = True
+
+    async def score(self, tokens: Sequence[int], start: int, *, temperature: float = 1.0) -> list[PositionScore]:
+        """Scores under the simulated "model" (:data:`SIMULATED_TOP_PROBABILITY`
+        on :func:`simulated_next_token`), after the cost of a cold prefill of
+        ``tokens``, queued and counted in the load like a request's."""
+        self.validate_score(tokens, start, temperature)
+        tokens = list(tokens)
+        try:
+            ticket = self.queue.admit(tokens, 0)
+        except QueueFull as exc:
+            raise EngineOverloadedError(str(exc)) from None
+        try:
+            async with self._lock:
+                self.queue.start(ticket, 0)
+                await trio.sleep(self.cost.prefill_ms(len(tokens), 0) / 1000)
+                self.queue.prefilled(ticket)
+        finally:
+            self.queue.finish(ticket)
+        vocab = self.vocab_size
+        # Temperature t: probabilities proportional to p ** (1 / t).
+        top = math.log(SIMULATED_TOP_PROBABILITY) / temperature
+        rest = math.log((1 - SIMULATED_TOP_PROBABILITY) / (vocab - 1)) / temperature
+        norm = max(top, rest) + math.log(math.exp(top - max(top, rest)) + (vocab - 1) * math.exp(rest - max(top, rest)))
+        top, rest = top - norm, rest - norm
+        p_top = math.exp(top)
+        mean = p_top * top + (1 - p_top) * rest
+        var = p_top * (top - mean) ** 2 + (1 - p_top) * (rest - mean) ** 2
+        out = []
+        for i in range(start, len(tokens)):
+            best = simulated_next_token(tokens[:i])
+            t = tokens[i]
+            out.append(PositionScore(t, top if t == best else rest, best, top, mean, var))
+        return out

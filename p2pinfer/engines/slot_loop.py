@@ -87,6 +87,22 @@ class SlotJob:
         return self.pos < len(self.tokens)
 
 
+@dataclass
+class SlotCall:
+    """Work that needs one sequence of the context to itself for a moment (scoring an answer).
+
+    The loop runs ``fn(slot)`` in its own thread as soon as a slot is free,
+    between iterations (the other slots wait for it, as for one long prompt
+    chunk), and hands the result to ``done(value, error)``, which must not
+    block. ``fn`` must leave its sequence empty.
+    """
+
+    fn: Callable[[int], Any]
+    done: Callable[[Any, BaseException | None], None]
+    cancel: threading.Event = field(default_factory=threading.Event)
+    order: int = 0
+
+
 class SlotLoop:
     """See the module docstring. ``start()`` before use, ``close()`` to stop."""
 
@@ -118,7 +134,7 @@ class SlotLoop:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, job: SlotJob) -> None:
+    def submit(self, job: SlotJob | SlotCall) -> None:
         """Queue ``job``; it takes the next free slot at the next iteration."""
         with self._cv:
             if self._closing:
@@ -156,6 +172,12 @@ class SlotLoop:
                 self._inbox.clear()
             why = "the engine is closed" if self.error is None else f"the engine failed: {self.error!r}"
             for job in [j for j in self._slots if j is not None] + pending:
+                if isinstance(job, SlotCall):
+                    try:
+                        job.done(None, RuntimeError(why))
+                    except Exception:
+                        log.exception("failing a slot call failed")
+                    continue
                 self._end(job, Failed(why))
 
     def _iteration(self) -> bool:
@@ -192,6 +214,9 @@ class SlotLoop:
                 if not self._inbox:
                     return
                 job = self._inbox.popleft()
+            if isinstance(job, SlotCall):
+                self._call(job, free)
+                continue
             if job.cancel.is_set():
                 self._end(job, Finished("cancelled", 0, 0, 0.0))
                 continue
@@ -217,6 +242,26 @@ class SlotLoop:
                 continue
             job.text = TextStream(job.stop)
             job.post(job, [Restored(free, job.pos, time.perf_counter() - t0, error)])
+
+    def _call(self, call: SlotCall, slot: int) -> None:
+        from .llama_runtime import JobCancelled  # noqa: PLC0415
+
+        value: Any = None
+        error: BaseException | None = None
+        if call.cancel.is_set():
+            error = JobCancelled()
+        else:
+            self._rt.clear_seq(slot)
+            try:
+                value = call.fn(slot)
+            except Exception as exc:  # handed to the caller, never kills the loop
+                error = exc
+            finally:
+                self._rt.clear_seq(slot)
+        try:
+            call.done(value, error)
+        except Exception:
+            log.exception("handing a slot call's result back failed")
 
     def _prefill_chunk(self, job: SlotJob) -> None:
         rt = self._rt

@@ -48,17 +48,19 @@ def group_prefix(g: int, words: int) -> str:
 def expected_text(prompt: str, attempts: list[dict[str, Any]]) -> str:
     """What the simulated engine streams for ``prompt`` when ``attempts`` resumed one another.
 
-    Its i-th token for prompt ``q`` is ``q[(7 len(q) + 13 i) % len(q)]``; an
-    attempt that resumes runs on the prompt plus the tokens already sent.
+    Its next token is a function of the sequence so far
+    (:func:`~p2pinfer.engines.simulated.simulated_next_token`), and an attempt
+    that resumes runs on the prompt plus the tokens already sent, so the
+    answer is the uninterrupted one: as many tokens as the attempts made.
     """
     from ..engines.approx_tokenizer import ApproxTokenizer
+    from ..engines.simulated import simulated_next_token
 
     tok = ApproxTokenizer(49152)
-    p = tok.encode(prompt)
+    seq = tok.encode(prompt)
     out: list[int] = []
-    for att in attempts:
-        q = p + out
-        out += [q[(7 * len(q) + 13 * i) % len(q)] for i in range(int(att["generated_tokens"]))]
+    for _ in range(sum(int(att["generated_tokens"]) for att in attempts)):
+        out.append(simulated_next_token(seq + out))
     return "".join(tok.decode([t]) for t in out)
 
 

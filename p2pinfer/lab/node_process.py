@@ -91,8 +91,11 @@ class NodeProcess:
         start_timeout_s: float = 60.0,
         *,
         lying: bool = False,
+        wrong_tokens: str | None = None,
     ) -> None:
-        """``lying``: the node runs :class:`~p2pinfer.lab.lying.LyingRouter`."""
+        """``lying``: the node runs :class:`~p2pinfer.lab.lying.LyingRouter`;
+        ``wrong_tokens`` (``random``, ``other-model``): it answers with
+        :class:`~p2pinfer.lab.wrong_tokens.WrongTokenEngine`."""
         self.name = name
         self.lying = lying
         self.config = config
@@ -104,7 +107,8 @@ class NodeProcess:
         self.stderr_path = (log_dir or Path(os.environ.get("TMPDIR", "/tmp"))) / f"p2pinfer-{name}-{os.getpid()}-{id(self)}.log"
         self._stderr = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "p2pinfer.lab.scripted_node", *(["--lying"] if lying else [])],
+            [sys.executable, "-m", "p2pinfer.lab.scripted_node", *(["--lying"] if lying else []),
+             *(["--wrong-tokens", wrong_tokens] if wrong_tokens else [])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

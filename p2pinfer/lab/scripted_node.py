@@ -7,7 +7,9 @@ answers ``{"event": "ready", ...}`` once it listens. Then each line
 (commands run concurrently; ``generate`` with ``"stream": true`` also sends
 ``{"id": n, "event": "chunk"}`` lines). Closing stdin or ``shutdown`` stops
 the node cleanly and the process exits 0. With ``--lying`` the node runs
-the lab's :class:`~p2pinfer.lab.lying.LyingRouter`.
+the lab's :class:`~p2pinfer.lab.lying.LyingRouter`; with ``--wrong-tokens
+MODE`` it serves with :class:`~p2pinfer.lab.wrong_tokens.WrongTokenEngine`
+(answers of random tokens or of another model).
 
 The debugging commands (``send_raw``, ``publish_raw``) exist to prove that
 malformed input from a peer is rejected: they let one real node misbehave
@@ -291,14 +293,29 @@ class Controller:
         return encode_frame(msg.SerializeToString()).hex()
 
 
-async def _serve(config: NodeConfig, lying: bool) -> None:
+async def _serve(config: NodeConfig, lying: bool, wrong_tokens: str | None = None) -> None:
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
     router_factory: Any = Router
     if lying:
         router_factory = LyingRouter
         log.warning("lying node: it advertises prefixes it does not hold (test only)")
-    async with Node(config, router_factory=router_factory) as node:
+    engine = None
+    if wrong_tokens:
+        from ..engines.registry import load_engine
+        from .wrong_tokens import WrongTokenEngine
+
+        engine = WrongTokenEngine(load_engine(config.engine, **dict(config.engine_options)), wrong_tokens)
+        log.warning("wrong-token node: its answers are %s tokens (test only)", wrong_tokens)
+    try:
+        await _run_node(Node(config, engine=engine, router_factory=router_factory), stdin, stdout)
+    finally:
+        if engine is not None:
+            await engine.aclose()
+
+
+async def _run_node(node_obj: Node, stdin: Any, stdout: Any) -> None:
+    async with node_obj as node:
         ctl = Controller(node, stdout)
         await ctl.send({"event": "ready", "peer_id": node.peer_id, "addrs": node.addrs, "pid": os.getpid()})
         async with trio.open_nursery() as nursery:
@@ -341,7 +358,9 @@ def main() -> None:
         stream=sys.stderr,
     )
     config = NodeConfig.from_dict(json.loads(_first_line()))
-    trio.run(_serve, config, "--lying" in sys.argv[1:])
+    args = sys.argv[1:]
+    wrong = args[args.index("--wrong-tokens") + 1] if "--wrong-tokens" in args else None
+    trio.run(_serve, config, "--lying" in args, wrong)
 
 
 if __name__ == "__main__":

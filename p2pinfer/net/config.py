@@ -16,6 +16,7 @@ from typing import Any
 
 from ..core.directory import DirectoryConfig
 from ..core.router import GossipConfig, RouterConfig, TrustConfig
+from ..core.verify import VerifyConfig
 
 __all__ = ["NodeConfig", "ConfigError"]
 
@@ -152,6 +153,8 @@ class NodeConfig:
                 r["gossip"] = GossipConfig(**r["gossip"])
             if isinstance(r.get("trust"), Mapping):
                 r["trust"] = TrustConfig(**r["trust"])
+            if isinstance(r.get("verify"), Mapping):
+                r["verify"] = VerifyConfig(**r["verify"])
             kwargs["router"] = RouterConfig(**r)
         if isinstance(kwargs.get("directory"), Mapping):
             try:

@@ -39,7 +39,17 @@ class NodeCounters:
     streams_refused: int = 0
     """Generate streams refused because their peer had ``max_streams_per_peer`` open."""
     peers_distrusted: int = 0
-    """Sanctions this node imposed on peers whose forwards realised less than they claimed."""
+    """Sanctions this node imposed on peers (a cache that was not there, or wrong tokens)."""
+    answers_checked: Counter[str] = field(default_factory=Counter)
+    """Forwarded answers this node checked against its own model
+    (:mod:`p2pinfer.core.verify`), by result: ``passed``, ``rejected`` (held
+    back, never shown, continued elsewhere), ``failed_after_streaming`` (a
+    spot check of an answer the client already had), ``error`` (the check
+    itself could not run: the answer is passed on unchecked)."""
+    tokens_checked: int = 0
+    """Prompt and answer tokens this node's engine prefilled to check answers."""
+    check_seconds: float = 0.0
+    """Time its engine spent on those checks (queue included)."""
     gossip_published: int = 0
     gossip_published_bytes: int = 0
     gossip_received: int = 0

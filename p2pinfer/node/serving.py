@@ -31,6 +31,7 @@ from ..core.attempts import (
     ForwardTo,
     PeerLost,
     Refused,
+    Rejected,
     RequestAttempts,
     Sanction,
     ServeHere,
@@ -40,6 +41,7 @@ from ..core.attempts import Attempt
 from ..core.policies import Decision
 from ..core.router import Router
 from ..core.swarm_models import SwarmModels
+from ..core.verify import CheckPlan, SpotChecks, Verdict, checkable, judge
 from ..engines.base import (
     Engine,
     EngineError,
@@ -74,6 +76,7 @@ class NodeServing:
     forward_client: ForwardClient
     other_models: OtherModels
     sanctions: PeerSanctions
+    spot_checks: SpotChecks
     swarm_models: SwarmModels
     peer_id: str
     decisions: DecisionLog
@@ -178,10 +181,18 @@ class NodeServing:
                 source = self.forward_client.stream(action.peer, wire, deadline=deadline)
             generated = 0
             event: Event
+            check: CheckPlan = self._check_plan(action.peer, params) if isinstance(action, ForwardTo) else "none"
+            held: list[TokenChunk] = []
+            """Chunks of an answer held back until it is checked."""
+            answer: list[int] = []
             try:
                 async with aclosing(source) as items:
                     async for item in items:
                         if isinstance(item, TokenChunk):
+                            answer.extend(item.token_ids)
+                            if check == "hold":
+                                held.append(item)
+                                continue
                             if ttft is None:
                                 ttft = time.perf_counter() - t0
                             out.extend(item.token_ids)
@@ -195,6 +206,37 @@ class NodeServing:
                             record = item
                 assert record is not None
                 event = AttemptDone(record.reused_tokens, generated)
+                if check != "none" and answer:
+                    assert isinstance(action, ForwardTo)
+                    verdict = await self._check_answer(action.peer, run_tokens, answer, params, deadline)
+                    release = len(held)
+                    if verdict is None:
+                        life.current.check = "error"
+                    elif verdict.ok:
+                        life.current.check = "passed"
+                    elif check == "hold":
+                        life.current.check = "rejected"
+                        release, kept = 0, 0  # whole chunks only, up to the last verified token
+                        while release < len(held) and kept + len(held[release].token_ids) <= verdict.verified_tokens:
+                            kept += len(held[release].token_ids)
+                            release += 1
+                        event = Rejected(kept, verdict.reason)
+                    else:
+                        life.current.check = "failed_after_streaming"
+                        event = AttemptDone(record.reused_tokens, generated, wrong=verdict.reason)
+                    self.counters.answers_checked[life.current.check] += 1
+                    for chunk in held[:release]:
+                        if ttft is None:
+                            ttft = time.perf_counter() - t0
+                        out.extend(chunk.token_ids)
+                        text.append(chunk.text)
+                        logprobs.extend(chunk.logprobs)
+                        generated += len(chunk.token_ids)
+                        yield chunk
+                    if isinstance(event, AttemptDone):
+                        event = AttemptDone(event.reused_tokens, generated, event.wrong)
+                    else:
+                        record = None
             except RemoteError as exc:
                 event = Refused(exc.code, exc.message, generated)
                 self._on_refusal(action, exc)
@@ -412,6 +454,38 @@ class NodeServing:
             raise EngineError(str(exc)) from None
         except NodeError as exc:
             raise InvalidRequestError(str(exc)) from None
+
+    def _check_plan(self, peer: str, params: GenerationParams) -> CheckPlan:
+        """Whether this forward's answer is checked, and how (:class:`SpotChecks`)."""
+        if not self.engine.can_score or checkable(params) is not None:
+            return "none"
+        return self.spot_checks.plan(peer)
+
+    async def _check_answer(
+        self, peer: str, prompt: list[int], answer: list[int], params: GenerationParams, deadline: float
+    ) -> Verdict | None:
+        """Score ``answer`` after ``prompt`` on this node's engine and judge it;
+        ``None`` when the check could not run (the answer then passes unchecked)."""
+        config = self.spot_checks.config
+        answer = answer[: config.max_checked_tokens]
+        greedy = params.temperature <= 0.0
+        t0 = time.perf_counter()
+        scores = None
+        try:
+            with trio.move_on_at(deadline):
+                scores = await self.engine.score(prompt + answer, len(prompt), temperature=1.0 if greedy else params.temperature)
+        except (EngineError, NotImplementedError) as exc:
+            log.warning("could not check the answer of %s: %s", peer, exc)
+        finally:
+            self.counters.check_seconds += time.perf_counter() - t0
+        if scores is None:
+            return None
+        self.counters.tokens_checked += len(prompt) + len(answer)
+        verdict = judge(scores, params, config)
+        self.spot_checks.record(peer, verdict)
+        if not verdict.ok:
+            log.warning("answer of %s failed its check: %s", peer, verdict.reason)
+        return verdict
 
     def new_attempts(
         self, decision: Decision, tokens: list[int], hashes: Sequence[int], max_tokens: int, prefer: str | None = None

@@ -91,6 +91,7 @@ class NodeStatus:
             "connected_peers": sorted(self.membership.connected()),
             "peers": peers,
             "distrusted_peers": self.sanctions.remaining(),
+            "verification": self._verification(),
             "gossip_scores": self._gossip_scores(),
             "gossip_mesh_peers": len(self._libp2p.gossipsub.mesh.get(self.topic, ())),
             "other_model_peers": self.other_models.as_dict(),
@@ -110,6 +111,21 @@ class NodeStatus:
         if directory is not None:
             out["directory"] = directory.status()
         return out
+    def _verification(self) -> dict[str, Any]:
+        """How this node checks forwarded answers (:mod:`p2pinfer.core.verify`) and what it found."""
+        checks = self.spot_checks
+        cfg = checks.config
+        return {
+            "enabled": cfg.enabled and self.engine.can_score,
+            "verify_fraction": cfg.fraction,
+            "probation_answers": cfg.probation_answers,
+            "greedy_tolerance_nats": cfg.greedy_tolerance,
+            "sampling_z": cfg.sampling_z,
+            "checks": dict(self.counters.answers_checked),
+            "tokens_checked": self.counters.tokens_checked,
+            "check_seconds": round(self.counters.check_seconds, 3),
+            "peers_past_probation": sum(1 for p in self.router.view if not checks.on_probation(p.peer_id)),
+        }
 
     def _gossip_scores(self) -> dict[str, float]:
         """gossipsub's peer score of each connected peer (0 unless we penalised it)."""

@@ -19,6 +19,7 @@ import trio
 from ..core.attempts import Attempt
 from ..core.router import Router
 from ..core.swarm_models import SwarmModels
+from ..core.verify import SpotChecks
 from ..engines.base import Engine
 from ..engines.registry import load_engine
 from ..net.config import NodeConfig
@@ -130,6 +131,7 @@ class Node(NodeDiscovery, NodeServing, NodeStatus):
         model_interval = self.router.config.gossip.model_interval_s
         self.swarm_models = SwarmModels(self.peer_id, self.router.fingerprint_hex, self.engine.model_name, 2.5 * model_interval)
         self.sanctions = PeerSanctions(self._libp2p.gossipsub.scorer, config.router.trust.distrust_s)
+        self.spot_checks = SpotChecks(config.router.verify)
 
         self.forward_server = ForwardServer(
             engine=self.engine,

@@ -47,6 +47,12 @@ def test_sse_stream_continues_when_the_serving_node_is_sigkilled() -> None:
             assert time.monotonic() < deadline, "the entry node never learned the server's cache"
             time.sleep(0.1)
 
+        # The server's first answers to the entry are held back until checked (its
+        # probation, p2pinfer/core/verify.py); after two, its answers stream.
+        for q in ("Question: first?", "Question: second?"):
+            warm = http.post(entry.http + "/v1/completions", json={"prompt": prefix + q, "max_tokens": 2}).json()
+            assert warm["p2pinfer"]["attempts"][-1]["target"] == server.peer_id, warm["p2pinfer"]
+            assert warm["p2pinfer"]["attempts"][-1]["check"] == "passed", warm["p2pinfer"]
         # 120 tokens at 12.5 ms each: time enough to kill the server mid-stream.
         prompt = prefix + "Question: and then?"
         body = {"prompt": prompt, "max_tokens": 120, "stream": True}

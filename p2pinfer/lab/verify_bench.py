@@ -1,0 +1,145 @@
+"""``p2pinfer bench verify``: the tolerance that separates honest answers from wrong ones.
+
+Real llama.cpp engines, MMLU five-shot prompts (the paper's workload), each
+answered with ``max_tokens`` tokens. *Honest* answers come from SmolLM2
+under two CPU configurations of a server (threads, batch size, flash
+attention) and are scored (:meth:`~p2pinfer.engines.base.Engine.score`) by
+verifiers under two others, so every pair differs in build settings;
+*wrong* answers are the second test model's (Gemma 3 270M, re-tokenised:
+:mod:`p2pinfer.lab.wrong_tokens`) and random tokens. For greedy answers it
+reports, per answer, the largest shortfall of a returned token from the
+verifier's argmax (nats): the honest maximum against the wrong answers'
+distribution. For sampled answers (temperature ``temperature``, seeded) the
+z-score of :func:`p2pinfer.core.verify.judge`'s log-likelihood test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+import random
+import time
+from typing import Any
+
+import trio
+
+from ..stats import percentile
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "t2-b128": {"threads": 2, "batch_size": 128, "flash_attn": False},
+    "t1-b64-flash": {"threads": 1, "batch_size": 64, "flash_attn": True},
+    "t1-b128": {"threads": 1, "batch_size": 128, "flash_attn": False},
+    "t2-b512-flash": {"threads": 2, "batch_size": 512, "flash_attn": True},
+}
+SERVERS = ("t2-b128", "t1-b64-flash")
+VERIFIERS = ("t1-b128", "t2-b512-flash")
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {
+        "n": len(values),
+        "min": round(min(values), 4),
+        "p10": round(percentile(values, 10), 4),
+        "median": round(percentile(values, 50), 4),
+        "p90": round(percentile(values, 90), 4),
+        "max": round(max(values), 4),
+    }
+
+
+async def _answer(engine: Any, tokens: list[int], params: Any) -> list[int]:
+    from ..engines.base import TokenChunk
+
+    out: list[int] = []
+    async for item in engine.generate(tokens, params):
+        if isinstance(item, TokenChunk):
+            out.extend(item.token_ids)
+    return out
+
+
+async def _measure(prompts: int, max_tokens: int, seed: int, temperature: float) -> dict[str, Any]:
+    from ..core.verify import VerifyConfig, judge
+    from ..engines.base import GenerationParams
+    from ..engines.llama_cpp import LlamaCppEngine
+    from ..workloads.mmlu import MMLUWorkload, load_mmlu
+    from .wrong_tokens import WrongTokenEngine
+
+    rng = random.Random(seed)
+    work = MMLUWorkload(load_mmlu(), seed=seed)
+    texts = ["".join(p.parts) for p in work.prompts(prompts, rng)]
+    engines = {name: LlamaCppEngine(context_size=4096, cache_tokens=0, **opts) for name, opts in CONFIGS.items()}
+    liar = WrongTokenEngine(engines["t2-b128"], "other-model", seed=seed)
+    greedy = GenerationParams(max_tokens=max_tokens)
+    sampled = GenerationParams(max_tokens=max_tokens, temperature=temperature, top_k=40, top_p=0.95)
+    config = VerifyConfig()
+    honest_gaps: list[float] = []
+    honest_gap_by_pair: dict[str, list[float]] = {}
+    honest_z: list[float] = []
+    wrong: dict[str, dict[str, list[float]]] = {"other-model": {"gap": [], "z": []}, "random": {"gap": [], "z": []}}
+    flips = 0
+    t0 = time.perf_counter()
+    try:
+        for i, text in enumerate(texts):
+            prompt = engines["t2-b128"].tokenize(text)
+            answers = {s: await _answer(engines[s], prompt, greedy) for s in SERVERS}
+            if answers[SERVERS[0]] != answers[SERVERS[1]]:
+                flips += 1
+            for s in SERVERS:
+                if not answers[s]:
+                    continue
+                for v in VERIFIERS:
+                    scores = await engines[v].score(prompt + answers[s], len(prompt))
+                    gap = max(x.best_logprob - x.logprob for x in scores)
+                    honest_gaps.append(gap)
+                    honest_gap_by_pair.setdefault(f"{s} scored by {v}", []).append(gap)
+            drawn = await _answer(engines[SERVERS[0]], prompt, replace(sampled, seed=seed + i))
+            if drawn:
+                for v in VERIFIERS:
+                    scores = await engines[v].score(prompt + drawn, len(prompt), temperature=temperature)
+                    honest_z.append(judge(scores, sampled, config).statistic)
+            other = await liar._wrong_answer(prompt, greedy)
+            rand = [rng.randrange(engines["t2-b128"].vocab_size) for _ in range(max_tokens)]
+            for kind, answer in (("other-model", other), ("random", rand)):
+                if not answer:
+                    continue
+                v = engines[VERIFIERS[0]]
+                scores = await v.score(prompt + answer, len(prompt))
+                wrong[kind]["gap"].append(max(x.best_logprob - x.logprob for x in scores))
+                scores = await v.score(prompt + answer, len(prompt), temperature=temperature)
+                wrong[kind]["z"].append(judge(scores, sampled, config).statistic)
+    finally:
+        if liar.other is not None:
+            await liar.other.aclose()
+        for e in engines.values():
+            await e.aclose()
+    tol = config.greedy_tolerance
+    return {
+        "benchmark": "verify",
+        "engine": "llama-cpp (real), SmolLM2-135M-Instruct Q4_1; wrong model Gemma 3 270M Q4_K_M",
+        "workload": "MMLU five-shot prompts",
+        "prompts": prompts,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "seed": seed,
+        "configs": CONFIGS,
+        "servers": list(SERVERS),
+        "verifiers": list(VERIFIERS),
+        "greedy_answers_that_differ_between_servers": flips,
+        "greedy_tolerance_nats": tol,
+        "honest_max_gap_nats": _quantiles(honest_gaps),
+        "honest_max_gap_by_pair": {k: _quantiles(v) for k, v in honest_gap_by_pair.items()},
+        "honest_greedy_rejected": sum(1 for g in honest_gaps if g > tol),
+        "wrong_max_gap_nats": {k: _quantiles(v["gap"]) for k, v in wrong.items()},
+        "wrong_greedy_caught": {k: sum(1 for g in v["gap"] if g > tol) for k, v in wrong.items()},
+        "wrong_answers": {k: len(v["gap"]) for k, v in wrong.items()},
+        "sampling_z_threshold": -config.sampling_z,
+        "honest_sampled_z": _quantiles(honest_z),
+        "honest_sampled_rejected": sum(1 for z in honest_z if z < -config.sampling_z),
+        "wrong_z_if_sampled": {k: _quantiles(v["z"]) for k, v in wrong.items()},
+        "wrong_caught_if_sampled": {k: sum(1 for z in v["z"] if z < -config.sampling_z) for k, v in wrong.items()},
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+
+
+def run_verify_tolerance(prompts: int = 20, max_tokens: int = 16, seed: int = 1, temperature: float = 0.8) -> dict[str, Any]:
+    return trio.run(_measure, prompts, max_tokens, seed, temperature)

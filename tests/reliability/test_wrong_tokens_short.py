@@ -1,0 +1,122 @@
+"""A real node process that returns wrong tokens is caught by the origin's check, distrusted,
+and receives no more traffic; honest peers are never accused (p2pinfer/core/verify.py).
+
+The wrong-token node is the lab's (:mod:`p2pinfer.lab.wrong_tokens`): its engine, cache,
+fingerprint and reported reuse are honest, its answers are not. It holds the prompts'
+prefix, so the origin's policy sends it the requests: nothing here forces the route.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from p2pinfer.core.router import RouterConfig
+from p2pinfer.core.verify import VerifyConfig
+from p2pinfer.engines.simulated import simulated_next_token
+from p2pinfer.lab.node_process import NodeProcess, fast_config, wait_until
+from p2pinfer.net.sanctions import PUBLISH_THRESHOLD
+
+pytestmark = pytest.mark.slow
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(256, 49152) for _ in range(n)]
+
+
+def honest_answer(prompt: list[int], n: int) -> list[int]:
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(simulated_next_token(seq))
+    return seq[len(prompt):]
+
+
+def with_verify(config, **verify):  # type: ignore[no-untyped-def]
+    r = config.router
+    return config.replace(router=RouterConfig(policy=r.policy, gossip=r.gossip, busy_queue_ms=r.busy_queue_ms,
+                                              verify=VerifyConfig(**verify)))
+
+
+def eligible(node: NodeProcess, peers: list[str]) -> bool:
+    view = node.call("view")
+    return all(view.get(p, {}).get("eligible") for p in peers)
+
+
+def test_a_wrong_token_node_is_caught_on_its_first_answer_and_gets_no_more_traffic() -> None:
+    common = {"speed": 0.05}
+    a = NodeProcess(with_verify(fast_config(**common), fraction=0.1), "verify-a")
+    nodes = [a]
+    try:
+        b = NodeProcess(with_verify(fast_config(bootstrap=(a.addr,), **common), fraction=0.1), "verify-b")
+        nodes.append(b)
+        x = NodeProcess(fast_config(bootstrap=(a.addr,), **common), "verify-x", wrong_tokens="random")
+        nodes.append(x)
+        wait_until(lambda: eligible(a, [b.peer_id, x.peer_id]), 30, interval_s=0.1, what="a sees b and x")
+        prefix = tokens(1, 320)
+        x.call("generate", tokens=prefix + tokens(2, 16), max_tokens=1, prefer="local")  # x caches the prefix
+        wait_until(lambda: a.call("view")[x.peer_id]["blocks"] >= 320 // 16, 20, interval_s=0.1, what="x's digest at a")
+
+        prompt = prefix + tokens(3, 16)
+        result = a.call("generate", tokens=prompt, max_tokens=12, stream=True, timeout_s=60)
+        first = result["attempts"][0]
+        assert first["target"] == x.peer_id and first["outcome"] == "WRONG_TOKENS" and first["check"] == "rejected"
+        assert result["served_by"] != x.peer_id
+        # The wrong tokens were held back: the client got the honest answer, continued elsewhere.
+        assert result["token_ids"] == honest_answer(prompt, 12)
+        status = a.call("status")
+        assert x.peer_id in status["distrusted_peers"]
+        assert status["verification"]["checks"].get("rejected") == 1
+        assert status["counters"]["peers_distrusted"] == 1
+
+        served_before = x.call("status")["counters"]["forwards_served"]
+        for i in range(8):  # x still holds and advertises the prefix; nothing more reaches it
+            r = a.call("generate", tokens=prefix + tokens(10 + i, 16), max_tokens=4, timeout_s=60)
+            assert all(att["target"] != x.peer_id for att in r["attempts"]), r["attempts"]
+        assert x.call("status")["counters"]["forwards_served"] == served_before
+        assert a.call("status")["gossip_scores"][x.peer_id] < -PUBLISH_THRESHOLD
+        assert b.peer_id not in a.call("status")["distrusted_peers"]
+    finally:
+        for n in nodes:
+            n.close()
+
+
+def test_honest_llama_cpp_peers_with_other_thread_counts_pass_every_check() -> None:
+    """Real SmolLM2 on both sides, the origin at 1 thread and batch 32, the peer at 2 threads and
+    batch 128 with flash attention: every answer is checked (fraction 1) and none is rejected."""
+    a_opts = {"threads": 1, "batch_size": 32, "context_size": 2048, "cache_tokens": 4096}
+    b_opts = {"threads": 2, "batch_size": 128, "flash_attn": True, "context_size": 2048, "cache_tokens": 4096}
+    a = NodeProcess(with_verify(fast_config().replace(engine="llama-cpp", engine_options=a_opts), fraction=1.0), "honest-a",
+                    start_timeout_s=120)
+    nodes = [a]
+    try:
+        b = NodeProcess(fast_config(bootstrap=(a.addr,)).replace(engine="llama-cpp", engine_options=b_opts), "honest-b",
+                        start_timeout_s=120)
+        nodes.append(b)
+        wait_until(lambda: eligible(a, [b.peer_id]), 60, interval_s=0.2, what="a sees b")
+        texts = [
+            "The capital of France is",
+            "Once upon a time, in a small village by the sea, there lived",
+            "1, 2, 3, 4, 5, 6,",
+            "The following are multiple choice questions (with answers) about astronomy.\n\n"
+            "What is the closest planet to the Sun?\nA. Venus\nB. Mercury\nC. Mars\nD. Earth\nAnswer: B. Mercury\n\n"
+            "Which planet has the most moons?\nA.",
+        ]
+        checked = 0
+        for i, text in enumerate(texts * 2):
+            params = {"max_tokens": 12}
+            if i >= len(texts):  # sampled answers too: the log-likelihood test
+                params.update(temperature=0.9, seed=i)
+            r = a.call("generate", prompt=text, prefer=b.peer_id, timeout_s=120, **params)
+            assert r["served_by"] == b.peer_id, r["attempts"]
+            assert r["generated_tokens"] > 0, r  # every prompt here has an answer to check
+            assert r["attempts"][-1]["check"] == "passed", r["attempts"]
+            checked += 1
+        status = a.call("status")
+        assert status["verification"]["checks"] == {"passed": checked}
+        assert status["distrusted_peers"] == {} and status["counters"]["peers_distrusted"] == 0
+        assert status["verification"]["tokens_checked"] > 0
+    finally:
+        for n in nodes:
+            n.close()
