@@ -145,6 +145,9 @@ class Attempt:
     message: str = ""
     generated_tokens: int = 0
     reused_tokens: int | None = None
+    path: str | None = None
+    """``local``, or how the request reached the peer: ``direct``, ``hole-punched``
+    or ``relayed`` (set by the driver; ``None`` when no stream was opened)."""
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -20,7 +20,7 @@ request cannot loop.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 import logging
@@ -285,14 +285,30 @@ class _PooledStream:
 class ForwardClient:
     """Sends requests to peers over pooled streams."""
 
-    def __init__(self, *, host: IHost, config: NodeConfig, counters: NodeCounters) -> None:
+    def __init__(
+        self,
+        *,
+        host: IHost,
+        config: NodeConfig,
+        counters: NodeCounters,
+        connect: Callable[[str, float], Awaitable[None]] | None = None,
+        path_of_stream: Callable[[str, INetStream], str | None] | None = None,
+    ) -> None:
         self.host = host
         self.config = config
         self.counters = counters
+        self._connect = connect
+        """Opens a connection first, through a relay when the peer is behind NAT (:class:`.paths.Connector`)."""
+        self._path_of_stream = path_of_stream
         self._idle: dict[str, list[_PooledStream]] = {}
         self.streams_opened = 0
 
     async def _open(self, peer_id: str, deadline: float) -> _PooledStream:
+        if self._connect is not None:
+            try:
+                await self._connect(peer_id, deadline)
+            except Exception as exc:
+                raise ForwardFailed(f"cannot reach {peer_id}: {exc}") from None
         with trio.move_on_at(min(deadline, trio.current_time() + self.config.connect_timeout_s)):
             try:
                 stream = await self.host.new_stream(ID.from_base58(peer_id), [GENERATE_PROTOCOL])
@@ -307,11 +323,12 @@ class ForwardClient:
         self._idle.setdefault(peer_id, []).append(conn)
 
     async def stream(
-        self, peer_id: str, request: bytes, *, deadline: float
+        self, peer_id: str, request: bytes, *, deadline: float, facts: dict[str, object] | None = None
     ) -> AsyncIterator[TokenChunk | Done]:
         """Yield the peer's chunks then its :class:`Done`.
 
-        ``deadline`` is on the trio clock. Raises :class:`RemoteError` for
+        ``deadline`` is on the trio clock; ``facts["path"]`` is set to the
+        path (direct, hole-punched, relayed) of the stream the request went on. Raises :class:`RemoteError` for
         an error record, :class:`ForwardFailed` when the forward was lost and
         :class:`DeadlineExceeded`.
         """
@@ -319,6 +336,8 @@ class ForwardClient:
             pooled = self._idle.get(peer_id) if attempt == 0 else None
             reused = bool(pooled)
             conn = pooled.pop() if pooled else await self._open(peer_id, deadline)
+            if facts is not None and self._path_of_stream is not None:
+                facts["path"] = self._path_of_stream(peer_id, conn.stream)
             reusable = False
             started = False
             try:
