@@ -91,8 +91,10 @@ class NodeProcess:
         start_timeout_s: float = 60.0,
         *,
         lying: bool = False,
+        wrap: list[str] | tuple[str, ...] = (),
     ) -> None:
-        """``lying``: the node runs :class:`~p2pinfer.lab.lying.LyingRouter`."""
+        """``lying``: the node runs :class:`~p2pinfer.lab.lying.LyingRouter`.
+        ``wrap`` prefixes the command (``ip netns exec <ns>``: the NAT testbed)."""
         self.name = name
         self.lying = lying
         self.config = config
@@ -104,7 +106,7 @@ class NodeProcess:
         self.stderr_path = (log_dir or Path(os.environ.get("TMPDIR", "/tmp"))) / f"p2pinfer-{name}-{os.getpid()}-{id(self)}.log"
         self._stderr = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "p2pinfer.lab.scripted_node", *(["--lying"] if lying else [])],
+            [*wrap, sys.executable, "-m", "p2pinfer.lab.scripted_node", *(["--lying"] if lying else [])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
