@@ -193,9 +193,11 @@ class Membership:
             entry = self._book[peer_id] = _Entry(peer_id, tuple(clean))
         elif clean:
             entry.addrs = tuple(dict.fromkeys((*clean, *entry.addrs)))[:8]
-        if entry.failures and peer_id in self.router.view:
+        if entry.failures and peer_id in self.router.view and entry.reachability != "private":
             entry.failures = 0  # heard again: dial it again soon
             entry.next_dial = 0.0
+        # A peer behind NAT is heard all the time and still cannot be dialled
+        # directly: it keeps its backoff (its relays are tried on each dial).
         if clean:
             self._to_peerstore(peer_id, clean)
         if peer_id not in self._connected:

@@ -226,44 +226,49 @@ class Reachability:
 
     async def ask(self, server: str) -> tuple[str, str]:
         """One dial-back request to ``server``: (result, detail)."""
+        try:
+            answer, proved = await self.exchange(server, [a for a in self._own_addrs() if _is_tcp(a)])
+        except trio.TooSlowError:
+            return "none", "no answer in time"
+        except (WireError, FrameError) as exc:
+            return "none", f"bad answer: {exc}"
+        except Exception as exc:  # protocol not supported, peer gone, relayed connection
+            return "none", f"{type(exc).__name__}: {exc}"
+        return self._judge(answer, proved)
+
+    async def exchange(self, server: str, addrs: list[str]) -> tuple[DialBackAnswer, bool]:
+        """Ask ``server`` to dial ``addrs``: its answer, and whether its proof came over a fresh connection."""
         nonce = secrets.token_bytes(DIALBACK_NONCE_BYTES)
-        addrs = [a for a in self._own_addrs() if _is_tcp(a)]
         stream: INetStream | None = None
         ok = False
         try:
-            with trio.fail_after(self.dial_timeout_s * 2 + 10):
+            with trio.fail_after(self.dial_timeout_s * 2 + 20):
                 stream = await self.host.new_stream(ID.from_base58(server), [REACHABILITY_PROTOCOL])
                 conn = swarm_conn_of(self.host, stream)
                 if conn is None or is_relayed(conn):
-                    return "none", "the request would go through a relay"
+                    raise ConnectionError("the request would go through a relay")
                 pending = self._pending[nonce] = _Pending(server, conn)
                 await write_frame(stream, encode_dialback_request(nonce, addrs))
                 data = await FrameReader(stream).read_frame(DIALBACK_MAX_BYTES)
                 if data is None:
-                    return "none", "the server closed the stream"
+                    raise ConnectionError("the server closed the stream")
                 answer = decode_dialback_response(data)
                 if answer.status == "ok" and not pending.proved:
                     # The proof is written before the answer; allow for scheduling.
                     with trio.move_on_after(2.0):
                         await pending.proof_arrived.wait()
                 ok = True
-                return self._judge(answer, pending)
-        except trio.TooSlowError:
-            return "none", "no answer in time"
-        except (WireError, FrameError) as exc:
-            return "none", f"bad answer: {exc}"
-        except Exception as exc:  # protocol not supported, peer gone
-            return "none", f"{type(exc).__name__}: {exc}"
+                return answer, pending.proved
         finally:
             self._pending.pop(nonce, None)
             if stream is not None:
                 await finish_stream(stream, ok)
 
-    def _judge(self, answer: DialBackAnswer, pending: _Pending) -> tuple[str, str]:
+    def _judge(self, answer: DialBackAnswer, proved: bool) -> tuple[str, str]:
         if answer.status == "ok":
-            if pending.proved and is_lan_ip(_ip_of(answer.addr) or ""):
+            if proved and is_lan_ip(_ip_of(answer.addr) or ""):
                 return "lan", f"dialled back at LAN address {answer.addr}"
-            if pending.proved:
+            if proved:
                 return "public", f"dialled back at {answer.addr} over a fresh connection"
             self.counters.reachability_untrusted += 1
             return "untrusted", f"said it dialled {answer.addr}, but no proof came over a fresh connection"

@@ -144,8 +144,10 @@ class InferenceRelay(CircuitV2Protocol):
                     conn.set_transport_info([ma], ConnectionType.RELAYED)
                     break
         except Exception as exc:
+            log.debug("relayed connection from %s not upgraded: %s: %s", remote_peer_id, type(exc).__name__, exc,
+                      exc_info=True)
             await self._close_stream(stream)
-            raise ConnectionError(f"Failed to handle incoming connection: {exc}") from None
+            raise ConnectionError(f"Failed to handle incoming connection: {type(exc).__name__}: {exc}") from None
 
     # -- hop streams: one exchange per stream ------------------------------------------------
     async def _handle_hop_stream(self, stream: INetStream) -> None:
