@@ -47,16 +47,22 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo), 3)
 
 
+LAB_GOSSIP = {"delta_interval_s": 0.5, "full_interval_s": 10.0, "load_interval_s": 2.0, "peer_ttl_s": 15.0}
+"""A calm gossip schedule: seven or eight node processes share two cores here,
+and py-libp2p spends most of a node's CPU on gossip RPCs (each carries and
+verifies a signed peer record; each read is credited with its own yamux
+window update). NAT traversal does not depend on it."""
+
+
 def _node_config(host: NatHost, bootstrap: tuple[str, ...], speed: float, nat: dict[str, Any]) -> Any:
     from ..core.router import GossipConfig
     from ..net.config import NatConfig
     from .node_process import fast_config
 
-    # The default gossip schedule: 8 node processes share two cores here.
     return fast_config(
         bootstrap=bootstrap,
         speed=speed,
-        gossip=GossipConfig(),
+        gossip=GossipConfig(**LAB_GOSSIP),
         connect_timeout_s=10.0,
         stall_timeout_s=30.0,
         request_timeout_s=120.0,

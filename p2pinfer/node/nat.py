@@ -155,25 +155,45 @@ class NodeNat:
                 self._nursery.start_soon(self.forward_client.drop_peer, peer_id)
 
     async def _pubsub_watch(self) -> None:
-        """Move a peer's pubsub stream off a connection that closed while another one lives.
+        """Keep each peer's pubsub stream on a live, direct connection.
 
-        py-libp2p's pubsub keeps one stream per peer and forgets the peer only
-        when its *last* connection closes; when a hole punch replaces a
-        relayed connection and the relayed one is closed, the stream on it is
-        dead but the peer stays, and no gossip flows to it directly again.
+        Gossip never needs a relay: every volunteer behind NAT is connected
+        to the public nodes, which carry the gossip mesh. A pubsub stream
+        that py-libp2p opened over a relayed connection (it opens one on
+        every new connection) is closed, so the relay carries forwards and
+        RTT probes only; when a hole punch gives a direct connection, the
+        stream comes back by itself (pubsub opens one on each new
+        connection to a peer it does not have). And py-libp2p's pubsub forgets a peer only
+        when its *last* connection closes: a stream left on a connection
+        that closed (the relayed one, after a hole punch) is dead while the
+        peer stays, so it is reopened too.
         """
+        from ..net.connections import connections_of, is_relayed, swarm_conn_of
+
         pubsub = self._libp2p.pubsub
         while True:
-            await trio.sleep(1.0)
+            await trio.sleep(0.5)
             for pid, stream in list(pubsub.peers.items()):
-                muxed = getattr(stream, "muxed_conn", None)
-                if muxed is None or not getattr(muxed, "is_closed", False):
+                conns = connections_of(self.host, pid)
+                conn = swarm_conn_of(self.host, stream)
+                direct = [c for c in conns if not is_relayed(c)]
+                if conn is not None and not is_relayed(conn):
+                    continue  # where it should be
+                if conn is not None and not direct:
+                    log.debug("pubsub stream to %s runs through a relay: closed", pid)
+                    pubsub._handle_dead_peer(pid)
+                    with trio.move_on_after(2):
+                        try:
+                            await stream.reset()
+                        except Exception:
+                            pass
                     continue
-                if not self.host.get_network().get_connections(pid):
-                    continue
-                log.info("pubsub stream to %s was on a closed connection: reopening it", pid)
+                if not direct:
+                    continue  # its connection is gone and no direct one replaced it
+                log.info("pubsub stream to %s is not on a live direct connection: reopening it", pid)
                 pubsub._handle_dead_peer(pid)
-                try:
-                    await pubsub._handle_new_peer(pid)
-                except Exception as exc:
-                    log.debug("pubsub stream to %s not reopened: %s", pid, exc)
+                with trio.move_on_after(10):
+                    try:
+                        await pubsub._handle_new_peer(pid)
+                    except Exception as exc:
+                        log.debug("pubsub stream to %s not reopened: %s", pid, exc)
