@@ -15,7 +15,7 @@ import trio
 from p2pinfer.net.connections import connections_of
 from p2pinfer.net.framing import FrameReader, finish_stream, write_frame
 from p2pinfer.net.reachability import REACHABILITY_PROTOCOL, is_lan_ip
-from p2pinfer.net.testing import fast_config, wait_for
+from p2pinfer.lab.node_process import fast_config, wait_for
 from p2pinfer.net.wire import DIALBACK_MAX_BYTES, encode_dialback_response
 from p2pinfer.node import Node
 

@@ -14,7 +14,7 @@ import trio
 
 from p2pinfer.core.router import GossipConfig
 from p2pinfer.net.config import NatConfig
-from p2pinfer.net.testing import fast_config, wait_for
+from p2pinfer.lab.node_process import fast_config, wait_for
 from p2pinfer.net.wire import encode_request
 from p2pinfer.engines.base import GenerationParams
 from p2pinfer.node import Node
