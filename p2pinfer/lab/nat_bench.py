@@ -36,6 +36,13 @@ from .nat_testbed import NatHost, NatTestbed
 __all__ = ["run_nat_bench"]
 
 PORT = 4001
+"""The first host's listen port; each host gets its own (``PORT + i``).
+
+Two volunteers behind one port-preserving NAT listening on the same port
+would both predict the same external address (the NAT's WAN address with
+that port) for hole punching, and only one can own that mapping: the
+other's hole punches fail for a reason that says nothing about NATs. Home
+users' nodes do not share a port either (each picks one, or a random one)."""
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -54,7 +61,7 @@ verifies a signed peer record; each read is credited with its own yamux
 window update). NAT traversal does not depend on it."""
 
 
-def _node_config(host: NatHost, bootstrap: tuple[str, ...], speed: float, nat: dict[str, Any]) -> Any:
+def _node_config(host: NatHost, port: int, bootstrap: tuple[str, ...], speed: float, nat: dict[str, Any]) -> Any:
     from ..core.router import GossipConfig
     from ..net.config import NatConfig
     from .node_process import fast_config
@@ -66,7 +73,7 @@ def _node_config(host: NatHost, bootstrap: tuple[str, ...], speed: float, nat: d
         connect_timeout_s=10.0,
         stall_timeout_s=30.0,
         request_timeout_s=120.0,
-    ).replace(listen=(f"/ip4/{host.ip}/tcp/{PORT}",), nat=NatConfig(**nat))
+    ).replace(listen=(f"/ip4/{host.ip}/tcp/{port}",), nat=NatConfig(**nat))
 
 
 class _Swarm:
@@ -77,15 +84,16 @@ class _Swarm:
         self.nodes: dict[str, Any] = {}
         pubs = bed.public_hosts
         first = pubs[0]
+        ports = {h.name: PORT + i for i, h in enumerate(bed.hosts.values())}
         self.nodes[first.name] = NodeProcess(
-            _node_config(first, (), speed, nat), first.name, log_dir=log_dir, wrap=first.wrap, start_timeout_s=120
+            _node_config(first, ports[first.name], (), speed, nat), first.name, log_dir=log_dir, wrap=first.wrap, start_timeout_s=120
         )
         boot = (self.nodes[first.name].addrs[0],)
         rest = [*pubs[1:], *bed.private_hosts]
         with ThreadPoolExecutor(len(rest) or 1) as pool:
             futures = {
                 h.name: pool.submit(
-                    NodeProcess, _node_config(h, boot, speed, nat), h.name, log_dir, 120.0, h.wrap
+                    NodeProcess, _node_config(h, ports[h.name], boot, speed, nat), h.name, log_dir, 120.0, h.wrap
                 )
                 for h in rest
             }
