@@ -33,7 +33,7 @@ from typing import Any
 
 from .nat_testbed import NatHost, NatTestbed
 
-__all__ = ["run_nat_bench"]
+__all__ = ["NatSwarm", "run_nat_bench"]
 
 PORT = 4001
 """The first host's listen port; each host gets its own (``PORT + i``).
@@ -76,7 +76,12 @@ def _node_config(host: NatHost, port: int, bootstrap: tuple[str, ...], speed: fl
     ).replace(listen=(f"/ip4/{host.ip}/tcp/{port}",), nat=NatConfig(**nat))
 
 
-class _Swarm:
+class NatSwarm:
+    """A real node process on every host of a :class:`NatTestbed` (the first public host bootstraps).
+
+    Used by the benchmark and by the testbed's tests (tests/netns).
+    """
+
     def __init__(self, bed: NatTestbed, speed: float, nat: dict[str, Any], log_dir: Path) -> None:
         from .node_process import NodeProcess
 
@@ -93,7 +98,7 @@ class _Swarm:
         with ThreadPoolExecutor(len(rest) or 1) as pool:
             futures = {
                 h.name: pool.submit(
-                    NodeProcess, _node_config(h, ports[h.name], boot, speed, nat), h.name, log_dir, 120.0, h.wrap
+                    NodeProcess, _node_config(h, ports[h.name], boot, speed, nat), h.name, log_dir, 120.0, wrap=h.wrap
                 )
                 for h in rest
             }
@@ -108,6 +113,46 @@ class _Swarm:
 
     def nat(self) -> dict[str, dict[str, Any]]:
         return {name: node.call("nat", timeout_s=60) for name, node in self.live().items()}
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one node (a relay that disappears)."""
+        self.nodes[name].kill()
+        self.dead.add(name)
+
+    def unsettled(self, wanted_reservations: int) -> list[str]:
+        """What keeps the swarm from being ready; empty when it is.
+
+        Ready: every volunteer knows it is private and holds ``wanted_reservations``
+        reservations and a connection to every other node (direct, hole-punched
+        or relayed); every public node knows it is public and offers its relay.
+        """
+        facts = self.nat()
+        missing: list[str] = []
+        for name, f in facts.items():
+            if self.bed.host(name).public:
+                if f["reachability"] != "public" or not f["relay"]["offered"]:
+                    missing.append(f"{name} is {f['reachability']}, relay offered: {f['relay']['offered']}")
+                continue
+            if f["reachability"] != "private":
+                missing.append(f"{name} is {f['reachability']}")
+            if len(f["reservations"]) < wanted_reservations:
+                missing.append(f"{name} holds {len(f['reservations'])} reservations")
+            absent = [o for o in self.live() if o != name and self.ids[o] not in f["paths"]]
+            if absent:
+                missing.append(f"{name} not connected to {', '.join(absent)}")
+        return missing
+
+    def settle(self, wanted_reservations: int, timeout_s: float) -> float:
+        """Until :meth:`unsettled` is empty; returns the seconds it took (TimeoutError says what is missing)."""
+        t0 = time.monotonic()
+        missing: list[str] = []
+        while True:
+            missing = self.unsettled(wanted_reservations)
+            if not missing:
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"the swarm did not settle within {timeout_s} s: {'; '.join(missing)}")
+            time.sleep(1.0)
 
     def close(self) -> None:
         for name, node in self.nodes.items():
@@ -144,7 +189,7 @@ def run_nat_bench(
     log_dir = Path(tempfile.mkdtemp(prefix="p2pinfer-lab-nat-"))
     with NatTestbed(public=public, nats=tuple(nats), hosts_per_nat=tuple(hosts_per_nat)) as bed:  # type: ignore[arg-type]
         progress(f"testbed {bed.run_id}: {len(bed.public_hosts)} public hosts, NATs {', '.join(nats)}")
-        swarm = _Swarm(bed, speed, nat_cfg, log_dir)
+        swarm = NatSwarm(bed, speed, nat_cfg, log_dir)
         try:
             return _run(bed, swarm, rng, requests=requests, kill_requests=kill_requests, rate_rps=rate_rps,
                         prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, max_tokens=max_tokens,
@@ -154,7 +199,7 @@ def run_nat_bench(
             swarm.close()
 
 
-def _run(bed: NatTestbed, swarm: _Swarm, rng: random.Random, *, requests: int, kill_requests: int, rate_rps: float,
+def _run(bed: NatTestbed, swarm: NatSwarm, rng: random.Random, *, requests: int, kill_requests: int, rate_rps: float,
          prefix_tokens: int, suffix_tokens: int, max_tokens: int, settle_timeout_s: float, nat_cfg: dict[str, Any],
          progress: Callable[[str], None], wait_until: Any, log_dir: Path, speed: float) -> dict[str, Any]:
     private = [h.name for h in bed.private_hosts]
@@ -162,33 +207,9 @@ def _run(bed: NatTestbed, swarm: _Swarm, rng: random.Random, *, requests: int, k
     holder = next(h.name for h in bed.private_hosts if h.nat_kind == "cone")
     wanted = min(2, len(publics))
 
-    missing: list[str] = []
-
-    def settled() -> bool:
-        facts = swarm.nat()
-        missing[:] = []
-        for name in private:
-            f = facts[name]
-            if f["reachability"] != "private":
-                missing.append(f"{name} is {f['reachability']}")
-            if len(f["reservations"]) < wanted:
-                missing.append(f"{name} holds {len(f['reservations'])} reservations")
-            # Connected to every other node (directly, hole-punched or relayed).
-            absent = [o for o in swarm.ids if o != name and swarm.ids[o] not in f["paths"]]
-            if absent:
-                missing.append(f"{name} not connected to {', '.join(absent)}")
-        for p in publics:
-            if facts[p]["reachability"] != "public" or not facts[p]["relay"]["offered"]:
-                missing.append(f"{p} is {facts[p]['reachability']}, relay offered: {facts[p]['relay']['offered']}")
-        return not missing
-
     progress(f"waiting for reachability verdicts, reservations and connections (node logs in {log_dir})")
-    t_settle = time.monotonic()
-    try:
-        wait_until(settled, settle_timeout_s, interval_s=1.0, what="every volunteer reserved and connected to all")
-    except TimeoutError:
-        raise TimeoutError(f"the swarm did not settle within {settle_timeout_s} s: {'; '.join(missing)}") from None
-    progress(f"settled after {time.monotonic() - t_settle:.1f} s")
+    settle_s = swarm.settle(wanted, settle_timeout_s)
+    progress(f"settled after {settle_s:.1f} s")
     start_facts = swarm.nat()
     reachable_after_start = {}
     for name, f in start_facts.items():
@@ -240,8 +261,7 @@ def _run(bed: NatTestbed, swarm: _Swarm, rng: random.Random, *, requests: int, k
 
         def killer() -> float:
             time.sleep(kill_requests / rate_rps / 2)
-            swarm.nodes[victim].kill()
-            swarm.dead.add(victim)
+            swarm.kill(victim)
             return time.monotonic()
 
         with ThreadPoolExecutor(1) as pool:
@@ -283,7 +303,7 @@ def _run(bed: NatTestbed, swarm: _Swarm, rng: random.Random, *, requests: int, k
                    prefix_tokens, suffix_tokens, max_tokens, speed)
 
 
-def _requests(swarm: _Swarm, entries: list[str], prefix: list[int], rng: random.Random, n: int, rate: float,
+def _requests(swarm: NatSwarm, entries: list[str], prefix: list[int], rng: random.Random, n: int, rate: float,
               suffix_tokens: int, max_tokens: int, skip: Callable[[str], bool] = lambda name: False) -> list[dict[str, Any]]:
     pending = []
     t0 = time.monotonic()
@@ -308,7 +328,7 @@ def _requests(swarm: _Swarm, entries: list[str], prefix: list[int], rng: random.
     return out
 
 
-def _report(bed: NatTestbed, swarm: _Swarm, holder: str, records: list[dict[str, Any]], kill_records: list[dict[str, Any]],
+def _report(bed: NatTestbed, swarm: NatSwarm, holder: str, records: list[dict[str, Any]], kill_records: list[dict[str, Any]],
             kill: dict[str, Any], start: dict[str, Any], final: dict[str, Any], rtts: dict[str, Any],
             reachable_after_start: dict[str, Any], relay_bytes: int, idle_rate: float, phase_s: float,
             nat_cfg: dict[str, Any], requests: int, rate_rps: float, prefix_tokens: int, suffix_tokens: int,
