@@ -250,6 +250,19 @@ class Controller:
             "relay": node.relay.as_dict(),
         }
 
+    async def cmd_rcmgr(self, _id: Any) -> dict[str, Any]:
+        """py-libp2p's resource manager, as it stands: counts, limits, circuit breaker."""
+        rm = getattr(self.node.host.get_network(), "_resource_manager", None) or getattr(
+            self.node.host.get_network(), "resource_manager", None)
+        if rm is None:
+            return {"resource_manager": None}
+        cb = rm.circuit_breaker
+        return {
+            "connections": rm._current_connections, "streams": rm._current_streams, "memory": rm._current_memory,
+            "limits": {k: v for k, v in vars(rm.limits).items() if isinstance(v, (int, float))},
+            "circuit_breaker": None if cb is None else {"state": cb.state.value, "failures": cb.failure_count},
+        }
+
     async def cmd_conns(self, _id: Any) -> dict[str, list[dict[str, Any]]]:
         """Every open connection, by peer: direction, transport addresses, streams."""
         net = self.node.host.get_network()

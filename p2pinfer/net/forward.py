@@ -304,19 +304,34 @@ class ForwardClient:
         self.streams_opened = 0
 
     async def _open(self, peer_id: str, deadline: float) -> _PooledStream:
-        if self._connect is not None:
-            try:
-                await self._connect(peer_id, deadline)
-            except Exception as exc:
-                raise ForwardFailed(f"cannot reach {peer_id}: {exc}") from None
-        with trio.move_on_at(min(deadline, trio.current_time() + self.config.connect_timeout_s)):
-            try:
-                stream = await self.host.new_stream(ID.from_base58(peer_id), [GENERATE_PROTOCOL])
-            except Exception as exc:  # dial and negotiation errors come in many types
-                raise ForwardFailed(f"cannot open a stream to {peer_id}: {type(exc).__name__}: {exc}") from None
-            self.streams_opened += 1
-            return _PooledStream(stream, FrameReader(stream), 0.0)
-        raise ForwardFailed(f"no stream to {peer_id} within {self.config.connect_timeout_s:.1f} s")
+        """A new generate stream; opened a second time (reconnecting first) when the first open fails.
+
+        A connection can die under the open (a relay reset the circuit, a NAT
+        mapping expired) before py-libp2p notices; the second try then runs on
+        a fresh connection, through the connector, instead of losing the forward.
+        """
+        errors: list[str] = []
+        for _ in range(2):
+            if self._connect is not None:
+                try:
+                    await self._connect(peer_id, deadline)
+                except Exception as exc:
+                    errors.append(f"cannot reach {peer_id}: {exc}")
+                    break
+            with trio.move_on_at(min(deadline, trio.current_time() + self.config.connect_timeout_s)) as scope:
+                try:
+                    stream = await self.host.new_stream(ID.from_base58(peer_id), [GENERATE_PROTOCOL])
+                except Exception as exc:  # dial and negotiation errors come in many types
+                    errors.append(f"cannot open a stream to {peer_id}: {type(exc).__name__}: {exc}")
+                    if trio.current_time() >= deadline:
+                        break
+                    continue
+                self.streams_opened += 1
+                return _PooledStream(stream, FrameReader(stream), 0.0)
+            if scope.cancelled_caught:
+                errors.append(f"no stream to {peer_id} within {self.config.connect_timeout_s:.1f} s")
+                break
+        raise ForwardFailed("; ".join(errors))
 
     def _release(self, peer_id: str, conn: _PooledStream) -> None:
         conn.idle_since = time.monotonic()

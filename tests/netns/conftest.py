@@ -20,7 +20,7 @@ NAT_CONFIG = {"reachability_interval_s": 60.0}
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatSwarm]:
-    """Three public relays (pub0 bootstraps) and two volunteers: ``cone`` behind a
+    """Two public relays (pub0 bootstraps) and two volunteers: ``cone`` behind a
     port-preserving NAT (plain MASQUERADE), ``sym`` behind a symmetric one
     (MASQUERADE --random-fully)."""
     try:
@@ -28,7 +28,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatSwarm]:
     except NatTestbedUnavailable as exc:
         pytest.fail(f"the NAT testbed cannot run here: {exc}", pytrace=False)
     log_dir: Path = tmp_path_factory.mktemp("netns-logs")
-    with NatTestbed(public=3, nats=("cone", "symmetric"), hosts_per_nat=(1, 1)) as bed:
+    with NatTestbed(public=2, nats=("cone", "symmetric"), hosts_per_nat=(1, 1)) as bed:
         nodes = NatSwarm(bed, speed=1.0, nat=NAT_CONFIG, log_dir=log_dir)
         try:
             nodes.settle(wanted_reservations=2, timeout_s=240)

@@ -22,7 +22,10 @@ from p2pinfer.net.wire import encode_request
 BLOCK = 16
 
 
-def prompt(seed: int, n: int = 256) -> list[int]:
+def prompt(seed: int, n: int = 1024) -> list[int]:
+    """1,024 tokens by default: about 4.5 s to recompute on the calibrated cost model, so that
+    the cost policy forwards to the holder across a relayed round trip even on a loaded machine
+    (with 256 tokens, a relayed RTT over 1 s on a busy CI box rightly keeps requests local)."""
     rng = random.Random(seed)
     return [rng.randrange(1000, 40000) for _ in range(n)]
 
@@ -39,8 +42,9 @@ def seed_prefix(swarm: NatSwarm, holder: str, tokens: list[int], others: list[st
     wait_until(heard, 60, interval_s=0.5, what=f"{', '.join(others)} heard {holder}'s {blocks} blocks")
 
 
-def forward(swarm: NatSwarm, entry: str, tokens: list[int], max_tokens: int = 4) -> dict[str, Any]:
-    return swarm.nodes[entry].call("generate", tokens=tokens, max_tokens=max_tokens, deadline_s=120, timeout_s=180)
+def forward(swarm: NatSwarm, entry: str, tokens: list[int], max_tokens: int = 4, prefer: str | None = None) -> dict[str, Any]:
+    return swarm.nodes[entry].call("generate", tokens=tokens, max_tokens=max_tokens, prefer=prefer, deadline_s=120,
+                                   timeout_s=180)
 
 
 def varints(values: list[int]) -> bytes:
@@ -61,7 +65,7 @@ def test_the_volunteers_know_they_are_behind_nat_and_hold_two_reservations(swarm
         assert facts[name]["reachability"] == "private"
         assert len(facts[name]["reservations"]) == 2
         assert all(a.endswith("/p2p-circuit") for a in facts[name]["circuit_addrs"]), facts[name]["circuit_addrs"]
-    for name in ("pub0", "pub1", "pub2"):
+    for name in ("pub0", "pub1"):
         assert facts[name]["reachability"] == "public" and facts[name]["relay"]["offered"]
     # The two volunteers reach each other only through a relay: no hole punch beats a symmetric NAT.
     assert facts["nat0h0"]["paths"][swarm.ids["nat1h0"]] == "relayed"
@@ -77,7 +81,7 @@ def test_volunteers_behind_different_nats_serve_each_others_forwards_with_the_pr
     for entry, holder, tokens in ((sym, cone, p_cone), (cone, sym, p_sym)):
         for i in range(3):
             result = forward(swarm, entry, tokens + prompt(100 + i, 24))
-            assert result["served_by"] == swarm.ids[holder], result["attempts"]
+            assert result["served_by"] == swarm.ids[holder], (result["attempts"], result["decision"])
             assert result["path"] == "relayed"
             assert result["predicted_reused_tokens"] == len(tokens)
             assert result["reused_tokens"] == result["predicted_reused_tokens"]
@@ -86,11 +90,11 @@ def test_volunteers_behind_different_nats_serve_each_others_forwards_with_the_pr
 def test_the_symmetric_nat_volunteer_is_reached_through_a_relay_whose_bytes_are_ciphertext(swarm: NatSwarm) -> None:
     """A request forwarded to ``sym`` crosses a relay; the relay never sees its token ids."""
     cone, sym = "nat0h0", "nat1h0"
-    publics = ["pub0", "pub1", "pub2"]
+    publics = ["pub0", "pub1"]
     for p in publics:
         swarm.nodes[p].call("relay_capture", max_bytes=8 << 20)
     tokens = [20000 + 37 * i for i in range(200)]  # a long, distinctive run of varints
-    result = forward(swarm, cone, tokens, max_tokens=8)
+    result = forward(swarm, cone, tokens, max_tokens=8, prefer=swarm.ids[sym])  # nothing cached: sent on purpose
     assert result["served_by"] == swarm.ids[sym] and result["path"] == "relayed", result["attempts"]
     captured = {p: bytes.fromhex(swarm.nodes[p].call("relay_captured")["hex"]) for p in publics}
     plain = encode_request(request_id=b"x" * 16, tokens=tokens, params=GenerationParams(max_tokens=8), hops=1,
@@ -109,9 +113,12 @@ def test_a_killed_relay_is_replaced_and_no_request_is_lost(swarm: NatSwarm) -> N
     sid = swarm.ids[sym]
     tokens = prompt(3)
     seed_prefix(swarm, sym, tokens, [cone])
-    forward(swarm, cone, tokens + prompt(200, 24))  # a circuit to sym is open now
+    # Sent to sym on purpose here: a fallback would cache the prefix at the entry, which then
+    # (rightly) serves it itself.
+    first = forward(swarm, cone, tokens + prompt(200, 24), prefer=sid)
+    assert first["served_by"] == sid and first["path"] == "relayed", first["attempts"]  # a circuit to sym is open now
     facts = swarm.nat()
-    carrying = [p for p in ("pub0", "pub1", "pub2") if any(c["dst"] == sid for c in facts[p]["relay"]["circuits"])]
+    carrying = [p for p in ("pub0", "pub1") if any(c["dst"] == sid for c in facts[p]["relay"]["circuits"])]
     assert carrying, "no relay carries a circuit to the symmetric-NAT volunteer"
     victim = carrying[0]  # sym holds a reservation there: that is how the circuit reached it
     assert swarm.ids[victim] in facts[sym]["reservations"]
@@ -126,23 +133,30 @@ def test_a_killed_relay_is_replaced_and_no_request_is_lost(swarm: NatSwarm) -> N
             if i == n // 4:
                 swarm.kill(victim)
                 killed_at = time.monotonic()
-            futures.append(pool.submit(forward, swarm, cone, tokens + prompt(300 + i, 24)))
+            futures.append(pool.submit(forward, swarm, cone, tokens + prompt(300 + i, 24), 4, sid))
         for fut in futures:
             results.append(fut.result())  # a lost request would raise here
-    # Every request completed, at the holder or, where its circuit died under it, by an explicit fallback.
+    # Every request completed: at the holder, or by an explicit fallback where its circuit died under it.
     for r in results:
         if r["served_by"] != sid:
-            assert r["attempts"][0]["target"] == sid and r["attempts"][0]["outcome"] != "ok", r["attempts"]
-    assert sum(r["served_by"] == sid for r in results) >= n // 2
+            assert r["attempts"][0]["target"] == sid and r["attempts"][0]["outcome"] != "done", r["attempts"]
+    assert sum(r["served_by"] == sid for r in results) >= n // 2, [
+        (r["served_by"][-4:], r["decision"]["reason"], [(a["target"][-4:], a["outcome"]) for a in r["attempts"]]) for r in results]
 
-    def replaced() -> bool:
+    # sym drops the dead relay and keeps (at least) its reservation on the other one; its
+    # gossiped circuit addresses no longer name the dead relay.
+    survivor = next(p for p in ("pub0", "pub1") if p != victim)
+
+    def moved() -> bool:
         f = swarm.nat()[sym]
-        return len(f["reservations"]) == 2 and swarm.ids[victim] not in f["reservations"]
+        return swarm.ids[victim] not in f["reservations"] and swarm.ids[survivor] in f["reservations"]
 
-    wait_until(replaced, 90, interval_s=0.5, what=f"{sym}'s reservation on the killed {victim} replaced")
-    events = [e for e in swarm.nat()[sym]["relay_events"] if e["t"] > killed_at and e["event"] == "reserved"]
-    assert events and all(e["relay"] != swarm.ids[victim] for e in events)
+    wait_until(moved, 90, interval_s=0.5, what=f"{sym}'s reservation on the killed {victim} dropped")
+    dropped = [e for e in swarm.nat()[sym]["relay_events"] if e["t"] > killed_at and e["relay"] == swarm.ids[victim]]
+    assert dropped, "the killed relay's reservation was never noticed gone"
+    wait_until(lambda: all(swarm.ids[victim] not in a for a in swarm.nat()[sym]["circuit_addrs"]), 30, interval_s=0.5,
+               what="circuit addresses without the killed relay")
     # Through the new relays, the holder serves again with the predicted reuse.
-    after = forward(swarm, cone, tokens + prompt(400, 24))
+    after = forward(swarm, cone, tokens + prompt(400, 24), prefer=sid)
     assert after["served_by"] == sid and after["path"] == "relayed", after["attempts"]
     assert after["reused_tokens"] == after["predicted_reused_tokens"] == len(tokens)
