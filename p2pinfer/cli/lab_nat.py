@@ -15,13 +15,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 def register_lab(lab: typer.Typer) -> None:
     @lab.command("nat")
     def lab_nat(
-        public: int = typer.Option(3, min=1, max=8, help="Public relay nodes on the WAN (the first is the bootstrap)."),
+        public: int = typer.Option(2, min=1, max=8, help="Public relay nodes on the WAN (the first is the bootstrap)."),
         nats: str = typer.Option("cone,cone,symmetric", help="NAT routers, comma-separated: cone (port-preserving MASQUERADE) or symmetric (--random-fully)."),
-        hosts: str = typer.Option("2,1,2", help="Volunteers behind each NAT, comma-separated (the first cone NAT's first host holds the prefix)."),
+        hosts: str = typer.Option("1,1,2", help="Volunteers behind each NAT, comma-separated (the first cone NAT's first host holds the prefix)."),
         requests: int = typer.Option(60, min=1, max=10000, help="Requests in the main phase."),
         kill_requests: int = typer.Option(30, min=0, max=10000, help="Requests in the relay-kill phase (0: no kill)."),
         rate: float = typer.Option(3.0, min=0.1, max=100.0, help="Requests per second, round-robin over the entry nodes."),
-        prefix_tokens: int = typer.Option(512, min=16, max=8000),
+        prefix_tokens: int = typer.Option(1024, min=16, max=8000),
         suffix_tokens: int = typer.Option(32, min=1, max=2000),
         max_tokens: int = typer.Option(8, min=1, max=512),
         speed: float = typer.Option(1.0, min=0.0, help="Cost model scale: 1 = the calibrated real engine."),
