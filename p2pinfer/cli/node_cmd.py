@@ -39,7 +39,7 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
 
 def node_config_from_settings(settings: NodeSettings) -> Any:
     from ..core.router import RouterConfig
-    from ..net.config import ConfigError, NodeConfig
+    from ..net.config import ConfigError, NatConfig, NodeConfig
 
     if settings.private_network and not settings.swarm_secret:
         raise SettingsError("--private-network needs --swarm-secret (the pre-shared key is derived from it)")
@@ -58,6 +58,12 @@ def node_config_from_settings(settings: NodeSettings) -> Any:
             router=RouterConfig(policy=settings.policy),
             swarm_secret=settings.swarm_secret.encode() if settings.swarm_secret else None,
             private_network=settings.private_network,
+            nat=NatConfig(
+                reachability=settings.reachability,
+                relay_service=settings.relay_service,
+                relays=tuple(settings.relays),
+                hole_punching=settings.hole_punching,
+            ),
         )
     except ConfigError as exc:
         raise SettingsError(str(exc)) from None
@@ -206,6 +212,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             None, "--allow-unauthenticated/--require-key",
             help="Allow an API without keys on a non-loopback --http-host (a trusted network only).",
         ),
+        reachability: Optional[str] = typer.Option(None, help="auto (peers dial us back), public or private."),
+        relay_service: Optional[str] = typer.Option(None, help="Offer a relay to NATed peers: auto (while public), on, off."),
+        relays: Optional[list[str]] = typer.Option(None, "--relay", help="Relay to reserve on behind NAT, with /p2p/<id> (repeatable)."),
+        hole_punching: Optional[bool] = typer.Option(None, "--hole-punching/--no-hole-punching", help="Try DCUtR hole punching (default on)."),
         log_level: Optional[str] = typer.Option(None, help="DEBUG, INFO, WARNING or ERROR."),
         config: Optional[str] = typer.Option(None, "--config", help="TOML config file (also $P2PINFER_CONFIG)."),
         ready_file: Optional[str] = typer.Option(None, help="Write peer id and addresses as JSON here once serving."),
@@ -221,7 +231,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         flags = dict(locals())
         for name in ("config", "ready_file", "quiet"):
             flags.pop(name)
-        for name in ("listen", "announce", "bootstrap", "api_key", "api_open_routes"):
+        for name in ("listen", "announce", "bootstrap", "api_key", "api_open_routes", "relays"):
             if not flags[name]:
                 flags[name] = None
         try:

@@ -76,6 +76,14 @@ class NodeSettings:
     """Routes that need no key even when keys are set (e.g. /metrics, /health)."""
     allow_unauthenticated: bool = False
     """Allow an API without keys on a non-loopback ``http_host`` (a trusted network)."""
+    reachability: str = "auto"
+    """auto: peers dial us back to tell whether we are publicly reachable; public or private: no checks."""
+    relay_service: str = "auto"
+    """Offer circuit relay to NATed peers: auto (while publicly reachable), on, off."""
+    relays: list[str] = field(default_factory=list)
+    """Relays to reserve on first when behind NAT (multiaddrs with /p2p/<id>); others come from gossip."""
+    hole_punching: bool = True
+    """Try DCUtR to turn a relayed connection into a direct one."""
 
 
 _FIELDS = {f.name: f for f in fields(NodeSettings)}

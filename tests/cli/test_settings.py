@@ -69,3 +69,17 @@ def test_one_name_per_setting_and_the_old_names_say_what_they_became(tmp_path: P
         resolve_settings({}, env={}, config_path=str(cfg))
     with pytest.raises(SettingsError, match=r"\$P2PINFER_CONTEXT is now called \$P2PINFER_CONTEXT_SIZE"):
         resolve_settings({}, env={"P2PINFER_CONTEXT": "512"})
+
+
+def test_nat_settings_reach_the_node_config(tmp_path: Path) -> None:
+    from p2pinfer.cli.node_cmd import node_config_from_settings
+
+    cfg = tmp_path / "node.toml"
+    cfg.write_text('reachability = "private"\nrelay_service = "off"\nrelays = ["/ip4/198.51.100.4/tcp/4001/p2p/R"]\n')
+    settings, _ = resolve_settings({"hole_punching": False}, env={}, config_path=str(cfg))
+    nat = node_config_from_settings(settings).nat
+    assert (nat.reachability, nat.relay_service, nat.relays, nat.hole_punching) == (
+        "private", "off", ("/ip4/198.51.100.4/tcp/4001/p2p/R",), False)
+    settings, _ = resolve_settings({}, env={"P2PINFER_RELAY_SERVICE": "sometimes"})
+    with pytest.raises(SettingsError, match="relay_service must be auto, on or off"):
+        node_config_from_settings(settings)
