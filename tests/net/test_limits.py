@@ -33,7 +33,7 @@ def test_too_many_streams_from_one_peer_are_refused_and_others_still_served(clus
     wait_until(lambda: b.call("status")["counters"]["streams_refused"] >= 5, 20, what="B refuses A's extra streams")
     # While A holds its three streams, C is served by B as usual.
     other = c.call("generate", tokens=prompt(2), max_tokens=2, prefer=b.peer_id)
-    assert other["served_by"] == b.peer_id and [att["outcome"] for att in other["attempts"]] == ["done"]
+    assert other["served_by"] == b.peer_id and [att["outcome"] for att in other["attempts"]] == ["done"], other
     answers = flood(40)
     served = [x for x in answers if x.get("kind") == "TokenChunk"]
     refused = [x for x in answers if x.get("error") == "BUSY"]
