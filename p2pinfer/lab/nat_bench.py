@@ -54,7 +54,7 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo), 3)
 
 
-LAB_GOSSIP = {"delta_interval_s": 0.5, "full_interval_s": 10.0, "load_interval_s": 2.0, "peer_ttl_s": 15.0}
+LAB_GOSSIP = {"delta_interval_s": 0.5, "full_interval_s": 10.0, "load_interval_s": 2.0, "keepalive_interval_s": 5.0, "peer_ttl_s": 15.0}
 """A calm gossip schedule: seven or eight node processes share two cores here,
 and py-libp2p spends most of a node's CPU on gossip RPCs (each carries and
 verifies a signed peer record; each read is credited with its own yamux
