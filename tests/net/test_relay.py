@@ -27,7 +27,7 @@ def closed_port() -> int:
 
 
 # Four nodes share one trio loop here: a calmer schedule than fast_config's.
-GOSSIP = GossipConfig(delta_interval_s=0.2, full_interval_s=5.0, load_interval_s=1.0, peer_ttl_s=8.0)
+GOSSIP = GossipConfig(delta_interval_s=0.2, full_interval_s=5.0, load_interval_s=1.0, keepalive_interval_s=2.0, peer_ttl_s=8.0)
 
 
 def relay_config(**nat: object):

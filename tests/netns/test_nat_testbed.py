@@ -124,12 +124,14 @@ def test_a_killed_relay_is_replaced_and_no_request_is_lost(swarm: NatSwarm) -> N
         first = forward(swarm, cone, tokens + prompt(200 + i, 24), prefer=sid)
         assert first["served_by"] == sid and first["path"] == "relayed", first["attempts"]
         facts = swarm.nat()
-        carrying = [p for p in ("pub0", "pub1") if any(c["dst"] == sid for c in facts[p]["relay"]["circuits"])]
+        # Either end may have opened the pair's relayed connection (the one with the smaller peer id
+        # does, membership._dial), so the circuit's dst is sym or cone: half the runs each.
+        carrying = [p for p in ("pub0", "pub1") if any(sid in (c["src"], c["dst"]) for c in facts[p]["relay"]["circuits"])]
         if carrying:
             break
     assert carrying, "no relay carries a circuit to the symmetric-NAT volunteer"
-    victim = carrying[0]  # sym holds a reservation there: that is how the circuit reached it
-    assert swarm.ids[victim] in facts[sym]["reservations"]
+    victim = carrying[0]
+    assert swarm.ids[victim] in facts[sym]["reservations"]  # sym reserves on both relays: it loses one
 
     n, rate = 16, 2.0
     results: list[dict[str, Any]] = []
