@@ -67,6 +67,7 @@ def _routing_facts(result: GenerateResult) -> dict[str, Any]:
         "served_by": result.served_by,
         "served_locally": result.served_locally,
         "hops": result.hops,
+        "path": result.path,
         "policy": result.policy,
         "reason": result.reason,
         "predicted_reused_tokens": result.predicted_reused_tokens,

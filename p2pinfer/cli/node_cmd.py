@@ -42,7 +42,7 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
 def node_config_from_settings(settings: NodeSettings) -> Any:
     from ..core.router import RouterConfig
     from ..core.verify import VerifyConfig
-    from ..net.config import ConfigError, NodeConfig
+    from ..net.config import ConfigError, NatConfig, NodeConfig
 
     if settings.private_network and not settings.swarm_secret:
         raise SettingsError("--private-network needs --swarm-secret (the pre-shared key is derived from it)")
@@ -67,6 +67,19 @@ def node_config_from_settings(settings: NodeSettings) -> Any:
             auto_directory_nodes=settings.auto_directory_nodes,
             swarm_secret=settings.swarm_secret.encode() if settings.swarm_secret else None,
             private_network=settings.private_network,
+            nat=NatConfig(
+                reachability=settings.reachability,
+                relay_service=settings.relay_service,
+                relays=tuple(settings.relays),
+                hole_punching=settings.hole_punching,
+                relay_reservations=settings.relay_reservations,
+                relay_max_reservations=settings.relay_max_reservations,
+                relay_max_circuits=settings.relay_max_circuits,
+                relay_max_circuits_per_peer=settings.relay_max_circuits_per_peer,
+                relay_circuit_max_bytes=settings.relay_circuit_max_bytes,
+                relay_circuit_max_duration_s=settings.relay_circuit_max_duration_s,
+                relay_reservation_ttl_s=settings.relay_reservation_ttl_s,
+            ),
         )
     except ConfigError as exc:
         raise SettingsError(str(exc)) from None
@@ -228,6 +241,17 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             None, "--allow-unauthenticated/--require-key",
             help="Allow an API without keys on a non-loopback --http-host (a trusted network only).",
         ),
+        reachability: Optional[str] = typer.Option(None, help="auto (peers dial us back), public or private."),
+        relay_service: Optional[str] = typer.Option(None, help="Offer a relay to NATed peers: auto (while public), on, off."),
+        relays: Optional[list[str]] = typer.Option(None, "--relay", help="Relay to reserve on behind NAT, with /p2p/<id> (repeatable)."),
+        hole_punching: Optional[bool] = typer.Option(None, "--hole-punching/--no-hole-punching", help="Try DCUtR hole punching (default on)."),
+        relay_reservations: Optional[int] = typer.Option(None, help="Relays to keep a reservation on behind NAT, 0..4 (default 2)."),
+        relay_max_reservations: Optional[int] = typer.Option(None, help="As a relay: reservations at once (default 128)."),
+        relay_max_circuits: Optional[int] = typer.Option(None, help="As a relay: circuits open at once (default 256)."),
+        relay_max_circuits_per_peer: Optional[int] = typer.Option(None, help="As a relay: circuits at once to one reserved peer (default 16)."),
+        relay_circuit_max_bytes: Optional[int] = typer.Option(None, help="As a relay: bytes per circuit, both ways (default 268435456 = 256 MiB)."),
+        relay_circuit_max_duration_s: Optional[float] = typer.Option(None, help="As a relay: seconds a circuit may stay open (default 3600)."),
+        relay_reservation_ttl_s: Optional[float] = typer.Option(None, help="As a relay: reservation lifetime in seconds, renewed at half (default 900)."),
         log_level: Optional[str] = typer.Option(None, help="DEBUG, INFO, WARNING or ERROR."),
         config: Optional[str] = typer.Option(None, "--config", help="TOML config file (also $P2PINFER_CONFIG)."),
         ready_file: Optional[str] = typer.Option(None, help="Write peer id and addresses as JSON here once serving."),
@@ -243,7 +267,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         flags = dict(locals())
         for name in ("config", "ready_file", "quiet"):
             flags.pop(name)
-        for name in ("listen", "announce", "bootstrap", "api_key", "api_open_routes"):
+        for name in ("listen", "announce", "bootstrap", "api_key", "api_open_routes", "relays"):
             if not flags[name]:
                 flags[name] = None
         try:

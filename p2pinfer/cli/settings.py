@@ -86,6 +86,28 @@ class NodeSettings:
     """Routes that need no key even when keys are set (e.g. /metrics, /health)."""
     allow_unauthenticated: bool = False
     """Allow an API without keys on a non-loopback ``http_host`` (a trusted network)."""
+    reachability: str = "auto"
+    """auto: peers dial us back to tell whether we are publicly reachable; public or private: no checks."""
+    relay_service: str = "auto"
+    """Offer circuit relay to NATed peers: auto (while publicly reachable), on, off."""
+    relays: list[str] = field(default_factory=list)
+    """Relays to reserve on first when behind NAT (multiaddrs with /p2p/<id>); others come from gossip."""
+    hole_punching: bool = True
+    """Try DCUtR to turn a relayed connection into a direct one."""
+    relay_reservations: int = 2
+    """Relays a NATed node keeps a reservation on (0..4)."""
+    relay_max_reservations: int = 128
+    """As a relay: reservations held for NATed peers at once."""
+    relay_max_circuits: int = 256
+    """As a relay: circuits open at once, all reservations together."""
+    relay_max_circuits_per_peer: int = 16
+    """As a relay: circuits open at once to one reserved peer."""
+    relay_circuit_max_bytes: int = 256 << 20
+    """As a relay: bytes one circuit may carry (both directions) before it is closed."""
+    relay_circuit_max_duration_s: float = 3600.0
+    """As a relay: seconds one circuit may stay open."""
+    relay_reservation_ttl_s: float = 900.0
+    """As a relay: how long a reservation lasts (NATed nodes renew at half)."""
 
 
 _FIELDS = {f.name: f for f in fields(NodeSettings)}
@@ -114,6 +136,10 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
                 return value.lower() in ("1", "true", "yes", "on")
             raise TypeError("true or false")
+        if "float" in str(kind):
+            if isinstance(value, bool):
+                raise TypeError("a number")
+            return float(value)
         if "int" in str(kind):
             if isinstance(value, bool):
                 raise TypeError("an integer")

@@ -163,6 +163,9 @@ class Attempt:
     check: str = ""
     """What a check of its answer found (``passed``, ``rejected``,
     ``failed_after_streaming``, ``error``), or empty when not checked."""
+    path: str | None = None
+    """``local``, or how the request reached the peer: ``direct``, ``hole-punched``
+    or ``relayed`` (set by the driver; ``None`` when no stream was opened)."""
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

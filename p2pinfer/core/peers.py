@@ -295,6 +295,13 @@ class PeerView:
         state.rtt_ms = rtt_ms if state.rtt_ms is None else 0.8 * state.rtt_ms + 0.2 * rtt_ms
         self._reindex_cost(state)
 
+    def reset_rtt(self, peer_id: str) -> None:
+        """Forget the smoothed RTT (the path to the peer changed); the next sample starts afresh."""
+        state = self._peers.get(peer_id)
+        if state is not None and state.rtt_ms is not None:
+            state.rtt_ms = None
+            self._reindex_cost(state)
+
     # -- queries -------------------------------------------------------------
     def longest_matches(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """Peers holding a prefix of ``block_hashes`` -> matched blocks."""

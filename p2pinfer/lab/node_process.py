@@ -92,10 +92,12 @@ class NodeProcess:
         *,
         lying: bool = False,
         wrong_tokens: str | None = None,
+        wrap: list[str] | tuple[str, ...] = (),
     ) -> None:
         """``lying``: the node runs :class:`~p2pinfer.lab.lying.LyingRouter`;
         ``wrong_tokens`` (``random``, ``other-model``): it answers with
-        :class:`~p2pinfer.lab.wrong_tokens.WrongTokenEngine`."""
+        :class:`~p2pinfer.lab.wrong_tokens.WrongTokenEngine`; ``wrap``
+        prefixes the command (``ip netns exec <ns>``: the NAT testbed)."""
         self.name = name
         self.lying = lying
         self.config = config
@@ -107,7 +109,7 @@ class NodeProcess:
         self.stderr_path = (log_dir or Path(os.environ.get("TMPDIR", "/tmp"))) / f"p2pinfer-{name}-{os.getpid()}-{id(self)}.log"
         self._stderr = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "p2pinfer.lab.scripted_node", *(["--lying"] if lying else []),
+            [*wrap, sys.executable, "-m", "p2pinfer.lab.scripted_node", *(["--lying"] if lying else []),
              *(["--wrong-tokens", wrong_tokens] if wrong_tokens else [])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -272,6 +272,110 @@ class Controller:
                 await finish_stream(stream, False)
         return answers
 
+    # -- NAT testbed (p2pinfer lab nat) -----------------------------------------------------
+    async def cmd_relay_capture(self, _id: Any, max_bytes: int = 1 << 20) -> None:
+        """Start keeping (up to ``max_bytes`` of) every byte this node copies as a relay."""
+        captured = self._captured = bytearray()
+
+        def tap(src: str, dst: str, data: bytes) -> None:
+            if len(captured) < max_bytes:
+                captured.extend(data[: max_bytes - len(captured)])
+
+        self.node.relay.taps[:] = [tap]
+
+    async def cmd_relay_captured(self, _id: Any) -> dict[str, Any]:
+        captured = getattr(self, "_captured", bytearray())
+        return {"hex": bytes(captured).hex(), "bytes": len(captured)}
+
+    async def cmd_nat(self, _id: Any) -> dict[str, Any]:
+        """Reachability, relay and path facts with ``time.monotonic()`` stamps (comparable across processes)."""
+        node = self.node
+        return {
+            "now": time.monotonic(),
+            "started_at": node.started_at,
+            "reachability": node.reachability.status,
+            "reachability_changed_at": node.reachability.changed_at,
+            "relay_events": list(node.relay_reservations.events),
+            "first_reserved_at": node.relay_reservations.first_reserved_at,
+            "reservations": [r.relay for r in node.relay_reservations.reservations.values()],
+            "circuit_addrs": node.relay_reservations.circuit_addrs(),
+            "paths": dict(node.paths.paths),
+            "rtt_paths": dict(node.membership.rtt_paths),
+            "hole_punches": [r.__dict__ for r in node.hole_puncher.records] if node.hole_puncher else [],
+            "relay": node.relay.as_dict(),
+        }
+
+    async def cmd_rcmgr(self, _id: Any) -> dict[str, Any]:
+        """py-libp2p's resource manager, as it stands: counts, limits, circuit breaker."""
+        rm = getattr(self.node.host.get_network(), "_resource_manager", None) or getattr(
+            self.node.host.get_network(), "resource_manager", None)
+        if rm is None:
+            return {"resource_manager": None}
+        cb = rm.circuit_breaker
+        return {
+            "connections": rm._current_connections, "streams": rm._current_streams, "memory": rm._current_memory,
+            "limits": {k: v for k, v in vars(rm.limits).items() if isinstance(v, (int, float))},
+            "circuit_breaker": None if cb is None else {"state": cb.state.value, "failures": cb.failure_count},
+        }
+
+    async def cmd_conns(self, _id: Any) -> dict[str, list[dict[str, Any]]]:
+        """Every open connection, by peer: direction, transport addresses, streams."""
+        net = self.node.host.get_network()
+        out: dict[str, list[dict[str, Any]]] = {}
+        for pid, conns in net.connections.items():
+            out[pid.to_base58()] = [
+                {
+                    "direction": str(getattr(c, "direction", "")),
+                    "addrs": [str(a) for a in c.get_transport_addresses()],
+                    "closed": c.is_closed,
+                    "streams": len(c.get_streams()),
+                    "protocols": sorted({str(s.get_protocol()) for s in c.get_streams()}),
+                }
+                for c in conns
+            ]
+        return out
+
+    async def cmd_probe_stream(self, _id: Any, peer: str, protocol: str = "/ipfs/ping/1.0.0") -> dict[str, Any]:
+        """Time opening (negotiating) one stream to ``peer``: which connection, how long."""
+        from libp2p.custom_types import TProtocol
+        from libp2p.peer.id import ID
+
+        from ..net.connections import swarm_conn_of
+        from ..net.framing import finish_stream
+
+        t0 = time.perf_counter()
+        try:
+            with trio.fail_after(20):
+                stream = await self.node.host.new_stream(ID.from_base58(peer), [TProtocol(protocol)])
+        except Exception as exc:
+            return {"ok": False, "s": time.perf_counter() - t0, "error": f"{type(exc).__name__}: {exc}"}
+        conn = swarm_conn_of(self.node.host, stream)
+        addrs = [str(a) for a in conn.get_transport_addresses()] if conn is not None else None
+        await finish_stream(stream, True)
+        return {"ok": True, "s": time.perf_counter() - t0, "conn": addrs}
+
+    async def cmd_ping_peer(self, _id: Any, peer: str, n: int = 20) -> dict[str, Any]:
+        """``n`` pings to ``peer`` on the connection new streams use now: RTTs in ms and that path."""
+        from libp2p.host.ping import ID as PING_PROTOCOL
+        from libp2p.io.utils import read_exactly
+        from libp2p.peer.id import ID
+
+        from ..net.framing import finish_stream
+
+        stream = await self.node.host.new_stream(ID.from_base58(peer), [PING_PROTOCOL])
+        rtts = []
+        try:
+            for _ in range(n):
+                payload = os.urandom(32)
+                t0 = time.perf_counter()
+                await stream.write(payload)
+                await read_exactly(stream, 32)
+                rtts.append((time.perf_counter() - t0) * 1000)
+        finally:
+            path = self.node._path_of_stream(peer, stream)
+            await finish_stream(stream, True)
+        return {"rtt_ms": rtts, "path": path}
+
     async def cmd_publish_raw(self, _id: Any, data_hex: str) -> None:
         await self.node._libp2p.pubsub.publish(self.node.topic, bytes.fromhex(data_hex))
 

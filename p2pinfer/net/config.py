@@ -18,7 +18,7 @@ from ..core.directory import DirectoryConfig
 from ..core.router import GossipConfig, RouterConfig, TrustConfig
 from ..core.verify import VerifyConfig
 
-__all__ = ["NodeConfig", "ConfigError"]
+__all__ = ["ConfigError", "NatConfig", "NodeConfig"]
 
 DISCOVERY_MODES = ("gossip", "directory", "auto")
 """How a node learns who caches what (``NodeConfig.discovery``)."""
@@ -36,6 +36,74 @@ MAX_FRAME_BYTES = 1 << 20
 
 class ConfigError(ValueError):
     """A node configuration that cannot work (says which field and why)."""
+
+
+@dataclass(frozen=True)
+class NatConfig:
+    """Reachability, circuit relay and hole punching (docs/configuration.md, "NAT traversal").
+
+    The relay limits are per *circuit*, and a circuit carries a whole libp2p
+    connection between two peers (forwards, gossip, pings), not one request:
+    a forward of an 8,192-token prompt takes about 40 KB each way, so the
+    256 MiB default lets a circuit carry thousands of requests before the
+    relay resets it (the origin then opens a new one at its next forward).
+    py-libp2p's own defaults (4 reservations, 8 circuits) would refuse the
+    fifth volunteer behind NAT.
+    """
+
+    reachability: str = "auto"
+    """``auto``: ask peers to dial us back over a fresh connection; ``public`` or
+    ``private``: trust the operator and skip the checks."""
+    reachability_interval_s: float = 300.0
+    """Time between checks once a verdict is known (5 s until then)."""
+    reachability_servers: int = 3
+    """Peers asked per check."""
+    relay_service: str = "auto"
+    """Offer circuit relay v2 (hop) to others: ``auto`` = while reachability is
+    public, ``on`` = always, ``off`` = never."""
+    relay_max_reservations: int = 128
+    """NATed peers that may hold a reservation on this relay at once."""
+    relay_max_circuits: int = 256
+    """Circuits this relay carries at once, all peers together."""
+    relay_max_circuits_per_peer: int = 16
+    """Circuits at once to one reserved peer (connections other peers hold to it)."""
+    relay_circuit_max_bytes: int = 256 << 20
+    """Bytes one circuit may carry (both directions) before the relay resets it."""
+    relay_circuit_max_duration_s: float = 3600.0
+    """Lifetime of one circuit before the relay resets it."""
+    relay_reservation_ttl_s: float = 900.0
+    """Validity of a reservation; holders renew at half of it."""
+    relay_reservations: int = 2
+    """Relays a node that is not publicly reachable keeps a reservation on (0: none)."""
+    relays: tuple[str, ...] = ()
+    """Relays to reserve on first (multiaddrs with /p2p/<id>); others are found by gossip."""
+    hole_punching: bool = True
+    """Try DCUtR to turn a relayed connection into a direct one."""
+    max_relayed_peers: int = 8
+    """Peers the dial loop connects to through a relay (forwards may open more)."""
+
+    def __post_init__(self) -> None:
+        if self.reachability not in ("auto", "public", "private"):
+            raise ConfigError("nat.reachability must be auto, public or private")
+        if self.relay_service not in ("auto", "on", "off"):
+            raise ConfigError("nat.relay_service must be auto, on or off")
+        for name in ("reachability_interval_s", "relay_circuit_max_duration_s", "relay_reservation_ttl_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"nat.{name} must be positive")
+        if self.relay_reservation_ttl_s < 10:
+            raise ConfigError("nat.relay_reservation_ttl_s must be at least 10 s")
+        for name in ("reachability_servers", "relay_max_reservations", "relay_max_circuits", "relay_max_circuits_per_peer"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"nat.{name} must be at least 1")
+        if self.relay_circuit_max_bytes < 64 << 10:
+            raise ConfigError("nat.relay_circuit_max_bytes must be at least 64 KiB")
+        if not 0 <= self.relay_reservations <= 4:
+            raise ConfigError("nat.relay_reservations must be in 0..4")
+        if self.max_relayed_peers < 0:
+            raise ConfigError("nat.max_relayed_peers must be at least 0")
+        for addr in self.relays:
+            if "/p2p/" not in addr:
+                raise ConfigError(f"relay address {addr!r} lacks /p2p/<peer id>")
 
 
 @dataclass(frozen=True)
@@ -92,6 +160,8 @@ class NodeConfig:
     ``auto_directory_nodes`` and queries the directory from that size on."""
     directory: DirectoryConfig = LIVE_DIRECTORY
     auto_directory_nodes: int = AUTO_DIRECTORY_NODES
+    nat: NatConfig = field(default_factory=NatConfig)
+    """Reachability, relays and hole punching."""
 
     def __post_init__(self) -> None:
         if not self.listen:
@@ -161,6 +231,14 @@ class NodeConfig:
                 kwargs["directory"] = DirectoryConfig(**kwargs["directory"])
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"directory: {exc}") from None
+        if "nat" in kwargs and isinstance(kwargs["nat"], Mapping):
+            nat = dict(kwargs["nat"])
+            unknown_nat = set(nat) - {f.name for f in fields(NatConfig)}
+            if unknown_nat:
+                raise ConfigError(f"unknown nat config keys: {', '.join(sorted(unknown_nat))}")
+            if "relays" in nat:
+                nat["relays"] = tuple(nat["relays"])
+            kwargs["nat"] = NatConfig(**nat)
         if "key_file" in kwargs and isinstance(kwargs["key_file"], Path):
             kwargs["key_file"] = str(kwargs["key_file"])
         return cls(**kwargs)

@@ -78,6 +78,13 @@ class NodeCounters:
     relayed copies and gossipsub control traffic included."""
     pubsub_bytes_sent: Counter[str] = field(default_factory=Counter)
     """Bytes of those RPCs (protobuf, before yamux and Noise framing), by the RPC's first kind."""
+    served_by_path: Counter[str] = field(default_factory=Counter)
+    """Requests that entered here and were served by a peer, by path (direct, hole-punched, relayed)."""
+    reachability_checks: Counter[str] = field(default_factory=Counter)
+    """Dial-back requests this node made, by result (public, private, untrusted, none)."""
+    reachability_untrusted: int = 0
+    """Dial-backs a server claimed without proof over a fresh connection (the AutoNAT v1 flaw)."""
+    dialbacks_served: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

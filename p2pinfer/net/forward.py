@@ -20,7 +20,7 @@ request cannot loop.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 import logging
@@ -285,33 +285,65 @@ class _PooledStream:
 class ForwardClient:
     """Sends requests to peers over pooled streams."""
 
-    def __init__(self, *, host: IHost, config: NodeConfig, counters: NodeCounters) -> None:
+    def __init__(
+        self,
+        *,
+        host: IHost,
+        config: NodeConfig,
+        counters: NodeCounters,
+        connect: Callable[[str, float], Awaitable[None]] | None = None,
+        path_of_stream: Callable[[str, INetStream], str | None] | None = None,
+    ) -> None:
         self.host = host
         self.config = config
         self.counters = counters
+        self._connect = connect
+        """Opens a connection first, through a relay when the peer is behind NAT (:class:`.paths.Connector`)."""
+        self._path_of_stream = path_of_stream
         self._idle: dict[str, list[_PooledStream]] = {}
         self.streams_opened = 0
 
     async def _open(self, peer_id: str, deadline: float) -> _PooledStream:
-        with trio.move_on_at(min(deadline, trio.current_time() + self.config.connect_timeout_s)):
-            try:
-                stream = await self.host.new_stream(ID.from_base58(peer_id), [GENERATE_PROTOCOL])
-            except Exception as exc:  # dial and negotiation errors come in many types
-                raise ForwardFailed(f"cannot open a stream to {peer_id}: {type(exc).__name__}: {exc}") from None
-            self.streams_opened += 1
-            return _PooledStream(stream, FrameReader(stream), 0.0)
-        raise ForwardFailed(f"no stream to {peer_id} within {self.config.connect_timeout_s:.1f} s")
+        """A new generate stream; opened a second time (reconnecting first) when the first open fails.
+
+        A connection can die under the open (a relay reset the circuit, a NAT
+        mapping expired) before py-libp2p notices; the second try then runs on
+        a fresh connection, through the connector, instead of losing the forward.
+        """
+        errors: list[str] = []
+        for _ in range(2):
+            if self._connect is not None:
+                try:
+                    await self._connect(peer_id, deadline)
+                except Exception as exc:
+                    errors.append(f"cannot reach {peer_id}: {exc}")
+                    break
+            with trio.move_on_at(min(deadline, trio.current_time() + self.config.connect_timeout_s)) as scope:
+                try:
+                    stream = await self.host.new_stream(ID.from_base58(peer_id), [GENERATE_PROTOCOL])
+                except Exception as exc:  # dial and negotiation errors come in many types
+                    errors.append(f"cannot open a stream to {peer_id}: {type(exc).__name__}: {exc}")
+                    if trio.current_time() >= deadline:
+                        break
+                    continue
+                self.streams_opened += 1
+                return _PooledStream(stream, FrameReader(stream), 0.0)
+            if scope.cancelled_caught:
+                errors.append(f"no stream to {peer_id} within {self.config.connect_timeout_s:.1f} s")
+                break
+        raise ForwardFailed("; ".join(errors))
 
     def _release(self, peer_id: str, conn: _PooledStream) -> None:
         conn.idle_since = time.monotonic()
         self._idle.setdefault(peer_id, []).append(conn)
 
     async def stream(
-        self, peer_id: str, request: bytes, *, deadline: float
+        self, peer_id: str, request: bytes, *, deadline: float, facts: dict[str, object] | None = None
     ) -> AsyncIterator[TokenChunk | Done]:
         """Yield the peer's chunks then its :class:`Done`.
 
-        ``deadline`` is on the trio clock. Raises :class:`RemoteError` for
+        ``deadline`` is on the trio clock; ``facts["path"]`` is set to the
+        path (direct, hole-punched, relayed) of the stream the request went on. Raises :class:`RemoteError` for
         an error record, :class:`ForwardFailed` when the forward was lost and
         :class:`DeadlineExceeded`.
         """
@@ -319,6 +351,8 @@ class ForwardClient:
             pooled = self._idle.get(peer_id) if attempt == 0 else None
             reused = bool(pooled)
             conn = pooled.pop() if pooled else await self._open(peer_id, deadline)
+            if facts is not None and self._path_of_stream is not None:
+                facts["path"] = self._path_of_stream(peer_id, conn.stream)
             reusable = False
             started = False
             try:

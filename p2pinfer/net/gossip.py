@@ -82,6 +82,8 @@ class GossipService:
         sanctions: PeerSanctions | None = None,
         other_models: OtherModels | None = None,
         publish_digests: Callable[[], bool] = lambda: True,
+        nat_facts: Callable[[], dict[str, Any]] | None = None,
+        on_load: Callable[[str, LoadInfo], None] | None = None,
     ) -> None:
         """``publish_digests()``: whether digests go out now (``False`` while
         the node finds caches through the prefix directory; its load reports
@@ -100,6 +102,9 @@ class GossipService:
         self._want_pull = want_pull
         self._sanctions = sanctions
         self._other_models = other_models
+        self._nat_facts = nat_facts
+        """Reachability, relay addresses and relay service for our load reports."""
+        self._on_load = on_load
         self._decoded: OrderedDict[bytes, Digest | LoadInfo] = OrderedDict()
         self._rates = OriginRateLimit(_MAX_MSGS_PER_ORIGIN_PER_S)
         self._last_delta = 0.0
@@ -210,6 +215,7 @@ class GossipService:
             tracker.epoch,
             self.published_version,
             self._addrs(),
+            **(self._nat_facts() if self._nat_facts is not None else {}),
         )
 
     async def publish_load(self) -> None:
@@ -296,6 +302,8 @@ class GossipService:
         else:
             self.router.on_load(sender, decoded.load, decoded.busy, now)
             self._on_heard(sender, decoded.addrs)
+            if self._on_load is not None:
+                self._on_load(sender, decoded)
             state = self.router.view.get(sender)
             if state is not None and (state.epoch != decoded.epoch or state.version < decoded.digest_version):
                 self._want_pull(sender, decoded.epoch, decoded.digest_version)

@@ -119,7 +119,12 @@ class _Probe:
 class _Entry:
     peer_id: str
     addrs: tuple[str, ...]
+    """Direct transport addresses (no ``/p2p/``)."""
     bootstrap: bool = False
+    relay_addrs: tuple[str, ...] = ()
+    """``.../p2p/<relay>/p2p-circuit`` addresses from its latest load report."""
+    reachability: str = "unknown"
+    relay_service: bool = False
     failures: int = 0
     next_dial: float = 0.0
     dialing: bool = False
@@ -136,6 +141,10 @@ class Membership:
         self_id: str,
         on_meet: Callable[[str], None],
         on_gone: Callable[[str], Awaitable[None]],
+        connect: Callable[[str, bool], Awaitable[None]] | None = None,
+        relayed_peers: Callable[[], int] = lambda: 0,
+        path_of_stream: Callable[[str, INetStream], str | None] | None = None,
+        best_path: Callable[[str], str | None] | None = None,
     ) -> None:
         self.host = host
         self.router = router
@@ -144,6 +153,13 @@ class Membership:
         self.self_id = self_id
         self._on_meet = on_meet
         self._on_gone = on_gone
+        self._connect = connect
+        """Direct dial, then through the peer's relays when allowed (:class:`.paths.Connector`)."""
+        self._relayed_peers = relayed_peers
+        self._path_of_stream = path_of_stream
+        self._best_path = best_path
+        self.rtt_paths: dict[str, str | None] = {}
+        """The path each peer's last RTT sample was measured on."""
         self._book: dict[str, _Entry] = {}
         self._connected: set[str] = set()
         self._ping_streams: dict[str, INetStream] = {}
@@ -165,6 +181,8 @@ class Membership:
             return
         clean = []
         for addr in addrs:
+            if "/p2p-circuit" in addr:
+                continue  # only load reports carry circuit addresses (learn_load)
             transport = addr.split("/p2p/")[0]
             if transport and len(clean) < 8:
                 clean.append(transport)
@@ -175,13 +193,56 @@ class Membership:
             entry = self._book[peer_id] = _Entry(peer_id, tuple(clean))
         elif clean:
             entry.addrs = tuple(dict.fromkeys((*clean, *entry.addrs)))[:8]
-        if entry.failures and peer_id in self.router.view:
+        if entry.failures and peer_id in self.router.view and entry.reachability != "private":
             entry.failures = 0  # heard again: dial it again soon
             entry.next_dial = 0.0
+        # A peer behind NAT is heard all the time and still cannot be dialled
+        # directly: it keeps its backoff (its relays are tried on each dial).
         if clean:
             self._to_peerstore(peer_id, clean)
         if peer_id not in self._connected:
             self._dial_wanted.set()
+
+    def learn_load(self, peer_id: str, reachability: str, relay_addrs: tuple[str, ...], relay_service: bool) -> None:
+        """What a load report says about reaching the peer (its latest report wins)."""
+        if peer_id == self.self_id:
+            return
+        entry = self._book.get(peer_id)
+        if entry is None:
+            if not relay_addrs or len(self._book) >= 4 * self.config.max_peers:
+                return
+            entry = self._book[peer_id] = _Entry(peer_id, ())
+        entry.reachability = reachability
+        entry.relay_service = relay_service
+        circuits = tuple(a for a in relay_addrs if a.endswith("/p2p-circuit"))[:4]
+        if circuits != entry.relay_addrs:
+            entry.relay_addrs = circuits
+            if circuits and entry.failures:
+                entry.failures = 0  # new relays: worth a dial now
+                entry.next_dial = 0.0
+            if circuits and peer_id not in self._connected:
+                self._dial_wanted.set()
+
+    def addrs_of(self, peer_id: str) -> tuple[list[str], list[str]]:
+        """(direct addresses, circuit addresses) of a peer, for :class:`.paths.Connector`."""
+        entry = self._book.get(peer_id)
+        if entry is None:
+            return [], []
+        return list(entry.addrs), list(entry.relay_addrs)
+
+    def reachability_of(self, peer_id: str) -> str:
+        entry = self._book.get(peer_id)
+        return entry.reachability if entry is not None else "unknown"
+
+    def relays(self) -> list[str]:
+        """Peers that say they offer a relay service, those with the shortest RTT first."""
+        out = [e.peer_id for e in self._book.values() if e.relay_service]
+
+        def rtt(peer: str) -> float:
+            state = self.router.view.get(peer)
+            return state.rtt_ms if state is not None and state.rtt_ms is not None else 1e9
+
+        return sorted(out, key=rtt)
 
     def _to_peerstore(self, peer_id: str, addrs: list[str]) -> None:
         """So that a forward or pull can dial a peer the dial loop has not reached yet."""
@@ -260,7 +321,9 @@ class Membership:
             room = self.config.max_peers - len(live)
             soonest = now + _IDLE_CHECK_S
             for entry in list(self._book.values()):
-                if entry.peer_id in live or entry.dialing or not entry.addrs:
+                if entry.peer_id in live or entry.dialing:
+                    continue
+                if not entry.addrs and not (entry.relay_addrs and self._connect is not None):
                     continue
                 if now < entry.next_dial:
                     soonest = min(soonest, entry.next_dial)
@@ -276,9 +339,18 @@ class Membership:
     async def _dial(self, entry: _Entry, limiter: trio.CapacityLimiter) -> None:
         try:
             async with limiter:
-                info = PeerInfo(ID.from_base58(entry.peer_id), [multiaddr.Multiaddr(a) for a in entry.addrs])
-                with trio.fail_after(self.config.connect_timeout_s):
-                    await self.host.connect(info)
+                if self._connect is not None:
+                    # One relayed connection per pair: the peer with the smaller id opens it
+                    # (a forward the other way opens one on demand).
+                    allow_relay = (
+                        self.self_id < entry.peer_id and self._relayed_peers() < self.config.nat.max_relayed_peers
+                    )
+                    with trio.fail_after(self.config.connect_timeout_s * (1 + len(entry.relay_addrs))):
+                        await self._connect(entry.peer_id, allow_relay)
+                else:
+                    info = PeerInfo(ID.from_base58(entry.peer_id), [multiaddr.Multiaddr(a) for a in entry.addrs])
+                    with trio.fail_after(self.config.connect_timeout_s):
+                        await self.host.connect(info)
             entry.failures = 0
             self.counters.dials_ok += 1
         except Exception as exc:  # unreachable, refused, handshake failed, timed out
@@ -377,6 +449,12 @@ class Membership:
 
     async def _measure_rtt(self, peer_id: str) -> float | None:
         stream = self._ping_streams.get(peer_id)
+        if stream is not None and self._path_of_stream is not None and self._best_path is not None:
+            if self._path_of_stream(peer_id, stream) != self._best_path(peer_id):
+                # A better connection came up (a hole punch): measure on it.
+                self._ping_streams.pop(peer_id, None)
+                await finish_stream(stream, True)
+                stream = None
         try:
             with trio.fail_after(min(5.0, self.config.connect_timeout_s)):
                 if stream is None:
@@ -390,6 +468,11 @@ class Membership:
                 rtt_ms = (time.perf_counter() - t0) * 1000
             if echo != payload:
                 raise ValueError("ping echo differs")
+            if peer_id in self.router.view:
+                path = self._path_of_stream(peer_id, stream) if self._path_of_stream is not None else None
+                if path != self.rtt_paths.get(peer_id, path):
+                    self.router.view.reset_rtt(peer_id)  # the old path's figure says nothing now
+                self.rtt_paths[peer_id] = path
             return rtt_ms
         except Exception as exc:
             log.debug("ping %s failed: %s: %s", peer_id, type(exc).__name__, exc)

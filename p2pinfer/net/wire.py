@@ -60,6 +60,7 @@ MAX_SLOTS = 4096
 """Most slots a load report may claim."""
 MAX_SLOT_WAIT_MS = 3.6e6
 """Longest wait for a free slot a load report may claim (one hour)."""
+MAX_RELAY_ADDRS = 4
 MAX_ADDR_LEN = 256
 MAX_PEER_RECORDS = 256
 RESPONSE_MAX_BYTES = 256 * 1024
@@ -393,9 +394,31 @@ class LoadInfo:
     epoch: int
     digest_version: int
     addrs: tuple[str, ...]
+    reachability: str = "unknown"
+    """``public``, ``private`` or ``unknown`` (see :mod:`.reachability`)."""
+    relay_addrs: tuple[str, ...] = ()
+    """Circuit addresses (``.../p2p/<relay>/p2p-circuit``) where the node holds a reservation."""
+    relay_service: bool = False
+    """The node offers circuit relay v2 to others."""
 
 
-def load_to_pb(node_id: str, fingerprint: str, load: Load, busy: bool, epoch: int, version: int, addrs: Sequence[str]) -> pb.LoadReport:
+REACHABILITY_NAMES = {pb.REACHABILITY_UNKNOWN: "unknown", pb.REACHABILITY_PUBLIC: "public", pb.REACHABILITY_PRIVATE: "private"}
+_REACHABILITY_VALUES = {v: k for k, v in REACHABILITY_NAMES.items()}
+
+
+def load_to_pb(
+    node_id: str,
+    fingerprint: str,
+    load: Load,
+    busy: bool,
+    epoch: int,
+    version: int,
+    addrs: Sequence[str],
+    *,
+    reachability: str = "unknown",
+    relay_addrs: Sequence[str] = (),
+    relay_service: bool = False,
+) -> pb.LoadReport:
     return pb.LoadReport(
         node_id=node_id,
         model_fingerprint=fingerprint,
@@ -409,7 +432,14 @@ def load_to_pb(node_id: str, fingerprint: str, load: Load, busy: bool, epoch: in
         epoch=epoch,
         digest_version=version,
         addrs=list(addrs)[:MAX_ADDRS],
+        reachability=_REACHABILITY_VALUES.get(reachability, pb.REACHABILITY_UNKNOWN),
+        relay_addrs=list(relay_addrs)[:MAX_RELAY_ADDRS],
+        relay_service=relay_service,
     )
+
+
+def _bad_addrs(addrs: Sequence[str], limit: int) -> bool:
+    return len(addrs) > limit or any(len(a) > MAX_ADDR_LEN or not a.startswith("/") for a in addrs)
 
 
 def load_from_pb(msg: pb.LoadReport, *, sender: str, fingerprint: str) -> LoadInfo:
@@ -420,8 +450,12 @@ def load_from_pb(msg: pb.LoadReport, *, sender: str, fingerprint: str) -> LoadIn
     ms = msg.prefill_ms_per_token
     if not (math.isfinite(ms) and 0.0 <= ms <= 1e5):
         raise GossipRejected("malformed", "prefill_ms_per_token out of range")
-    if len(msg.addrs) > MAX_ADDRS or any(len(a) > MAX_ADDR_LEN or not a.startswith("/") for a in msg.addrs):
+    if _bad_addrs(msg.addrs, MAX_ADDRS):
         raise GossipRejected("malformed", "bad address list")
+    if _bad_addrs(msg.relay_addrs, MAX_RELAY_ADDRS) or any("/p2p-circuit" not in a for a in msg.relay_addrs):
+        raise GossipRejected("malformed", "bad relay address list")
+    if msg.reachability not in REACHABILITY_NAMES:
+        raise GossipRejected("malformed", f"unknown reachability {msg.reachability}")
     if msg.epoch >= 1 << 63 or msg.digest_version >= 1 << 63:
         raise GossipRejected("malformed", "epoch or version out of range")
     slots, free, wait = msg.slots, msg.free_slots, msg.slot_wait_ms
@@ -438,6 +472,9 @@ def load_from_pb(msg: pb.LoadReport, *, sender: str, fingerprint: str) -> LoadIn
         epoch=msg.epoch,
         digest_version=msg.digest_version,
         addrs=tuple(msg.addrs),
+        reachability=REACHABILITY_NAMES[msg.reachability],
+        relay_addrs=tuple(msg.relay_addrs),
+        relay_service=msg.relay_service,
     )
 
 
@@ -592,3 +629,84 @@ def decode_model_announcement(data: bytes, *, sender: str) -> ModelAnnouncement:
     if len(msg.addrs) > MAX_ADDRS or any(len(a) > MAX_ADDR_LEN or not a.startswith("/") for a in msg.addrs):
         raise GossipRejected("malformed", "bad address list")
     return ModelAnnouncement(sender, msg.model_fingerprint, alias, tuple(msg.addrs))
+
+
+# -- /p2pinfer/reachability/1.0.0 and /p2pinfer/dialback/1.0.0 -------------------------------
+
+DIALBACK_MAX_BYTES = 4096
+DIALBACK_NONCE_BYTES = 16
+MAX_DIALBACK_ADDRS = 8
+DIALBACK_STATUS_NAMES = {
+    pb.DIAL_BACK_OK: "ok",
+    pb.DIAL_BACK_FAILED: "failed",
+    pb.DIAL_BACK_NO_MATCH: "no-match",
+    pb.DIAL_BACK_REFUSED: "refused",
+}
+_DIALBACK_STATUS_VALUES = {v: k for k, v in DIALBACK_STATUS_NAMES.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class DialBackAnswer:
+    status: str
+    """``ok``, ``failed``, ``no-match`` or ``refused``."""
+    addr: str = ""
+    observed_ip: str = ""
+    message: str = ""
+
+
+def encode_dialback_request(nonce: bytes, addrs: Sequence[str]) -> bytes:
+    return pb.DialBackRequest(version=WIRE_VERSION, nonce=nonce, addrs=list(addrs)[:MAX_DIALBACK_ADDRS]).SerializeToString()
+
+
+def decode_dialback_request(data: bytes) -> tuple[bytes, list[str]]:
+    msg = pb.DialBackRequest()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise WireError("BAD_REQUEST", f"not a DialBackRequest: {exc}") from None
+    if msg.version != WIRE_VERSION:
+        raise WireError("BAD_REQUEST", f"dial-back version {msg.version}; this node speaks {WIRE_VERSION}")
+    if len(msg.nonce) != DIALBACK_NONCE_BYTES:
+        raise WireError("BAD_REQUEST", f"nonce must be {DIALBACK_NONCE_BYTES} bytes")
+    if _bad_addrs(msg.addrs, MAX_DIALBACK_ADDRS):
+        raise WireError("BAD_REQUEST", "bad address list")
+    return bytes(msg.nonce), list(msg.addrs)
+
+
+def encode_dialback_response(status: str, *, addr: str = "", observed_ip: str = "", message: str = "") -> bytes:
+    return pb.DialBackResponse(
+        version=WIRE_VERSION,
+        status=_DIALBACK_STATUS_VALUES[status],
+        addr=addr[:MAX_ADDR_LEN],
+        observed_ip=observed_ip[:64],
+        message=message[:1024],
+    ).SerializeToString()
+
+
+def decode_dialback_response(data: bytes) -> DialBackAnswer:
+    msg = pb.DialBackResponse()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise WireError("BAD_REQUEST", f"not a DialBackResponse: {exc}") from None
+    if msg.version != WIRE_VERSION:
+        raise WireError("BAD_REQUEST", f"dial-back version {msg.version}; this node speaks {WIRE_VERSION}")
+    status = DIALBACK_STATUS_NAMES.get(msg.status)
+    if status is None:
+        raise WireError("BAD_REQUEST", f"unknown dial-back status {msg.status}")
+    return DialBackAnswer(status, msg.addr[:MAX_ADDR_LEN], msg.observed_ip[:64], msg.message[:1024])
+
+
+def encode_dialback_proof(nonce: bytes) -> bytes:
+    return pb.DialBackProof(version=WIRE_VERSION, nonce=nonce).SerializeToString()
+
+
+def decode_dialback_proof(data: bytes) -> bytes:
+    msg = pb.DialBackProof()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise WireError("BAD_REQUEST", f"not a DialBackProof: {exc}") from None
+    if msg.version != WIRE_VERSION or len(msg.nonce) != DIALBACK_NONCE_BYTES:
+        raise WireError("BAD_REQUEST", "bad dial-back proof")
+    return bytes(msg.nonce)

@@ -70,6 +70,8 @@ class GenerateResult:
     """Fingerprint of the model that served it."""
     logprobs: list[Any] = field(default_factory=list)
     """Each generated token's :class:`~p2pinfer.engines.base.TokenLogprob`, when asked for."""
+    path: str | None = None
+    """How the serving attempt reached its peer: ``local``, ``direct``, ``hole-punched`` or ``relayed``."""
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k not in ("record", "attempts", "decision", "logprobs")}

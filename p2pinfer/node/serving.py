@@ -164,7 +164,10 @@ class NodeServing:
                 self.counters.resumed += 1
             run_tokens = tokens + out
             run_params = replace(params, max_tokens=params.max_tokens - action.resume_from)
+            attempt = life.current
+            facts: dict[str, object] = {}
             if isinstance(action, ServeHere):
+                attempt.path = "local"
                 source = self.serve_here(run_tokens, run_params, deadline)
             else:
                 wire = encode_request(
@@ -178,7 +181,7 @@ class NodeServing:
                     origin=self.peer_id,
                     resumed_tokens=action.resume_from,
                 )
-                source = self.forward_client.stream(action.peer, wire, deadline=deadline)
+                source = self.forward_client.stream(action.peer, wire, deadline=deadline, facts=facts)
             generated = 0
             event: Event
             check: CheckPlan = self._check_plan(action.peer, params) if isinstance(action, ForwardTo) else "none"
@@ -250,6 +253,8 @@ class NodeServing:
                 self.counters.fallbacks += 1
             except DeadlineExceeded as exc:
                 event = DeadlinePassed(str(exc))
+            if not attempt.local:
+                attempt.path = facts.get("path")  # type: ignore[assignment]
             actions.extend(life.handle(event, time.monotonic()))
         served = life.current
         total = time.perf_counter() - t0
@@ -259,6 +264,7 @@ class NodeServing:
             self.counters.served_local += 1
         else:
             self.counters.served_remote += 1
+            self.counters.served_by_path[served.path or "unknown"] += 1
         attempts = life.attempts
         reason = decision.reason
         if len(attempts) > 1:
@@ -292,6 +298,7 @@ class NodeServing:
             decision=decision,
             model=self.router.fingerprint_hex,
             logprobs=logprobs,
+            path=served.path,
         )
 
     async def complete(self, prompt: Prompt, params: GenerationParams | None = None, **kwargs: Any) -> GenerateResult:

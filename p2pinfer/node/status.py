@@ -37,6 +37,8 @@ class NodeStatus:
     topic: str
     started_at: float
     is_busy: Callable[[], bool]
+    paths: Any
+    _nat_status: Callable[[], dict[str, Any]]
 
     def status(self) -> dict[str, Any]:
         """Everything an operator (or /status) wants to see, JSON-ready."""
@@ -62,6 +64,9 @@ class NodeStatus:
                     "slot_wait_ms": round(state.load.slot_wait_ms, 1),
                     "last_seen_s": round(now - state.last_seen, 3),
                     "connected": state.peer_id in self.membership.connected(),
+                    "path": self.paths.path(state.peer_id),
+                    "rtt_path": self.membership.rtt_paths.get(state.peer_id),
+                    "reachability": self.membership.reachability_of(state.peer_id),
                 }
             )
         return {
@@ -97,6 +102,7 @@ class NodeStatus:
             "other_model_peers": self.other_models.as_dict(),
             "swarm_models": self.swarm_models.as_dict(now),
             "streams_per_peer": dict(self.forward_server.streams),
+            **self._nat_status(),
             "counters": self.counters.as_dict(),
             "discovery": self._discovery_status(),
         }

@@ -1,9 +1,10 @@
 """A live node's wiring: its engine, routing core and libp2p services, in one nursery.
 
 ``async with Node(config) as node`` starts everything in a nursery the node
-owns (host, pubsub, gossip, digest pulls, dialing, liveness, RTT probes)
-and stops all of it on exit. Its requests are in ``serving.py``, its status
-report in ``status.py``.
+owns (host, pubsub, gossip, digest pulls, dialing, liveness, RTT probes,
+reachability, relays, hole punching) and stops all of it on exit. Its
+requests are in ``serving.py``, its status report in ``status.py``, its NAT
+traversal in ``nat.py``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..net.other_models import OtherModels
 from ..net.sanctions import PeerSanctions
 from .decisions import DecisionLog, PrefixGroups
 from .discovery import NodeDiscovery
+from .nat import NodeNat
 from .results import GenerateResult, NodeError, RequestFailed
 from .serving import NodeServing
 from .status import NodeStatus
@@ -38,7 +40,7 @@ __all__ = ["Attempt", "DeadlineExceeded", "GenerateResult", "Node", "NodeConfig"
 log = logging.getLogger("p2pinfer.node")
 
 
-class Node(NodeDiscovery, NodeServing, NodeStatus):
+class Node(NodeDiscovery, NodeServing, NodeStatus, NodeNat):
     """One peer of the swarm; see the module docstring."""
 
     def __init__(
@@ -144,7 +146,14 @@ class Node(NodeDiscovery, NodeServing, NodeStatus):
             other_models=self.other_models,
             delegate=self.serve_delegated,
         )
-        self.forward_client = ForwardClient(host=host, config=config, counters=self.counters)
+        self._build_nat()
+        self.forward_client = ForwardClient(
+            host=host,
+            config=config,
+            counters=self.counters,
+            connect=lambda peer, deadline: self.connector.ensure(peer, deadline=deadline),
+            path_of_stream=self._path_of_stream,
+        )
         self.gossip = GossipService(
             pubsub=self._libp2p.pubsub,
             topic=self.topic,
@@ -159,6 +168,10 @@ class Node(NodeDiscovery, NodeServing, NodeStatus):
             sanctions=self.sanctions,
             other_models=self.other_models,
             publish_digests=self.digests_on,
+            nat_facts=self._nat_facts,
+            on_load=lambda peer, info: self.membership.learn_load(
+                peer, info.reachability, info.relay_addrs, info.relay_service
+            ),
         )
         self.model_gossip = ModelGossip(
             pubsub=self._libp2p.pubsub,
@@ -178,7 +191,12 @@ class Node(NodeDiscovery, NodeServing, NodeStatus):
             self_id=self.peer_id,
             on_meet=self._on_meet,
             on_gone=self.forward_client.drop_peer,
+            connect=lambda peer, allow_relay: self.connector.ensure(peer, allow_relay=allow_relay),
+            relayed_peers=lambda: sum(1 for path in self.paths.paths.values() if path == "relayed"),
+            path_of_stream=self._path_of_stream,
+            best_path=self.paths.path,
         )
+        self._learn_static_relays()
         self.puller = DigestPuller(
             host=host,
             router=self.router,
@@ -200,6 +218,7 @@ class Node(NodeDiscovery, NodeServing, NodeStatus):
 
         await stack.enter_async_context(run_stack(self._libp2p))
         self.addrs = dialable_addrs(self.host.get_addrs())
+        await self._run_nat(stack)
         nursery = await stack.enter_async_context(trio.open_nursery())
         self._nursery = nursery
         # Exit order (last registered runs first): close streams, then cancel the tasks.
@@ -210,6 +229,7 @@ class Node(NodeDiscovery, NodeServing, NodeStatus):
         await nursery.start(self.model_gossip.run)
         await nursery.start(self.membership.run)
         await self._run_directory(stack, nursery)
+        await self._start_nat_tasks(nursery)
         nursery.start_soon(self.forward_client.run_janitor)
         nursery.start_soon(self.sanctions.run)
 

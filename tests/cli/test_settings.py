@@ -69,3 +69,46 @@ def test_one_name_per_setting_and_the_old_names_say_what_they_became(tmp_path: P
         resolve_settings({}, env={}, config_path=str(cfg))
     with pytest.raises(SettingsError, match=r"\$P2PINFER_CONTEXT is now called \$P2PINFER_CONTEXT_SIZE"):
         resolve_settings({}, env={"P2PINFER_CONTEXT": "512"})
+
+
+def test_nat_settings_reach_the_node_config(tmp_path: Path) -> None:
+    from p2pinfer.cli.node_cmd import node_config_from_settings
+
+    cfg = tmp_path / "node.toml"
+    cfg.write_text('reachability = "private"\nrelay_service = "off"\nrelays = ["/ip4/198.51.100.4/tcp/4001/p2p/R"]\n')
+    settings, _ = resolve_settings({"hole_punching": False}, env={}, config_path=str(cfg))
+    nat = node_config_from_settings(settings).nat
+    assert (nat.reachability, nat.relay_service, nat.relays, nat.hole_punching) == (
+        "private", "off", ("/ip4/198.51.100.4/tcp/4001/p2p/R",), False)
+    settings, _ = resolve_settings({}, env={"P2PINFER_RELAY_SERVICE": "sometimes"})
+    with pytest.raises(SettingsError, match="relay_service must be auto, on or off"):
+        node_config_from_settings(settings)
+
+
+def test_relay_limits_are_node_settings_with_the_nat_config_names_and_defaults(tmp_path: Path) -> None:
+    from dataclasses import fields
+
+    from p2pinfer.cli.node_cmd import node_config_from_settings
+    from p2pinfer.net.config import NatConfig
+
+    names = [f.name for f in fields(NatConfig) if f.name.startswith("relay_") and f.name != "relay_service"]
+    assert len(names) == 7
+    defaults = NatConfig()
+    settings, _ = resolve_settings({}, env={})
+    assert {n: getattr(settings, n) for n in names} == {n: getattr(defaults, n) for n in names}
+    cfg = tmp_path / "node.toml"
+    cfg.write_text("relay_max_circuits = 32\nrelay_circuit_max_duration_s = 600.5\n")
+    settings, origin = resolve_settings(
+        {"relay_reservations": 1},
+        env={"P2PINFER_RELAY_MAX_RESERVATIONS": "512", "P2PINFER_RELAY_RESERVATION_TTL_S": "120"},
+        config_path=str(cfg),
+    )
+    nat = node_config_from_settings(settings).nat
+    assert (nat.relay_reservations, nat.relay_max_reservations, nat.relay_max_circuits) == (1, 512, 32)
+    assert (nat.relay_circuit_max_duration_s, nat.relay_reservation_ttl_s) == (600.5, 120.0)
+    assert origin["relay_max_reservations"] == "$P2PINFER_RELAY_MAX_RESERVATIONS"
+    with pytest.raises(SettingsError, match="relay_circuit_max_duration_s from .*expected a number"):
+        resolve_settings({}, env={"P2PINFER_RELAY_CIRCUIT_MAX_DURATION_S": "an hour"})
+    settings, _ = resolve_settings({}, env={"P2PINFER_RELAY_RESERVATIONS": "9"})
+    with pytest.raises(SettingsError, match="relay_reservations must be in 0..4"):
+        node_config_from_settings(settings)

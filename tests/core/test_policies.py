@@ -63,6 +63,30 @@ def test_cost_stays_local_on_slow_network() -> None:
     assert d.target == LOCAL and "no peer beats" in d.reason
 
 
+def test_cost_uses_the_relayed_rtt_of_a_relayed_holder() -> None:
+    """Routing knows the path (issue 17): when the path to a holder changes
+    (a hole-punched connection drops back to the relay), the node resets the
+    peer's smoothed RTT and the next measured sample, taken on the relayed
+    connection, is the RTT the cost policy uses. The holder saves 960
+    tokens x 4 ms = 3,840 ms of prefill: a 200 ms relay detour is worth it,
+    a 5 s one is not."""
+    for relayed_rtt, expected in ((200.0, "a"), (5000.0, LOCAL)):
+        view = view_with({"a": (60, 0, 1.0)})
+        for _ in range(20):
+            view.set_rtt("a", 1.0, 0.0)  # a long history on the direct path
+        assert decide("cost", view, local()).target == "a"
+        view.reset_rtt("a")  # the path changed: relayed now
+        view.set_rtt("a", relayed_rtt, 0.0)
+        assert view.get("a").rtt_ms == relayed_rtt  # not smoothed with the direct path's figure
+        d = decide("cost", view, local())
+        assert d.target == expected
+        assert next(c for c in d.candidates if c.target == "a").rtt_ms == relayed_rtt
+    # Without the reset, the direct path's history would hide the detour.
+    view = view_with({"a": (60, 0, 1.0)})
+    view.set_rtt("a", 5000.0, 0.0)
+    assert view.get("a").rtt_ms < 3840 and decide("cost", view, local()).target == "a"
+
+
 def test_cost_avoids_queue_behind_cached_prefix() -> None:
     # The holder has 2,000 tokens queued (8 s); recomputing here is cheaper.
     d = decide("cost", view_with({"a": (60, 2000, 1.0)}), local())

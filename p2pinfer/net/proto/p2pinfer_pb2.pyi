@@ -17,6 +17,20 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INTERNAL: _ClassVar[ErrorCode]
     BAD_REQUEST: _ClassVar[ErrorCode]
     HOP_LIMIT: _ClassVar[ErrorCode]
+
+class Reachability(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REACHABILITY_UNKNOWN: _ClassVar[Reachability]
+    REACHABILITY_PUBLIC: _ClassVar[Reachability]
+    REACHABILITY_PRIVATE: _ClassVar[Reachability]
+
+class DialBackStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DIAL_BACK_UNSPECIFIED: _ClassVar[DialBackStatus]
+    DIAL_BACK_OK: _ClassVar[DialBackStatus]
+    DIAL_BACK_FAILED: _ClassVar[DialBackStatus]
+    DIAL_BACK_NO_MATCH: _ClassVar[DialBackStatus]
+    DIAL_BACK_REFUSED: _ClassVar[DialBackStatus]
 ERROR_UNSPECIFIED: ErrorCode
 BUSY: ErrorCode
 MODEL_MISMATCH: ErrorCode
@@ -25,6 +39,14 @@ DEADLINE: ErrorCode
 INTERNAL: ErrorCode
 BAD_REQUEST: ErrorCode
 HOP_LIMIT: ErrorCode
+REACHABILITY_UNKNOWN: Reachability
+REACHABILITY_PUBLIC: Reachability
+REACHABILITY_PRIVATE: Reachability
+DIAL_BACK_UNSPECIFIED: DialBackStatus
+DIAL_BACK_OK: DialBackStatus
+DIAL_BACK_FAILED: DialBackStatus
+DIAL_BACK_NO_MATCH: DialBackStatus
+DIAL_BACK_REFUSED: DialBackStatus
 
 class GenerationParams(_message.Message):
     __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "has_seed", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "grammar", "logprobs", "top_logprobs")
@@ -199,7 +221,7 @@ class DigestPullResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., digest: _Optional[bytes] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., peers: _Optional[_Iterable[_Union[PeerRecord, _Mapping]]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("node_id", "model_fingerprint", "queued_prefill_tokens", "prefill_ms_per_token", "active_requests", "busy", "epoch", "digest_version", "addrs", "slots", "free_slots", "slot_wait_ms")
+    __slots__ = ("node_id", "model_fingerprint", "queued_prefill_tokens", "prefill_ms_per_token", "active_requests", "busy", "epoch", "digest_version", "addrs", "slots", "free_slots", "slot_wait_ms", "reachability", "relay_addrs", "relay_service")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +234,9 @@ class LoadReport(_message.Message):
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     FREE_SLOTS_FIELD_NUMBER: _ClassVar[int]
     SLOT_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    REACHABILITY_FIELD_NUMBER: _ClassVar[int]
+    RELAY_ADDRS_FIELD_NUMBER: _ClassVar[int]
+    RELAY_SERVICE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     model_fingerprint: str
     queued_prefill_tokens: int
@@ -224,7 +249,10 @@ class LoadReport(_message.Message):
     slots: int
     free_slots: int
     slot_wait_ms: float
-    def __init__(self, node_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., queued_prefill_tokens: _Optional[int] = ..., prefill_ms_per_token: _Optional[float] = ..., active_requests: _Optional[int] = ..., busy: _Optional[bool] = ..., epoch: _Optional[int] = ..., digest_version: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., slot_wait_ms: _Optional[float] = ...) -> None: ...
+    reachability: Reachability
+    relay_addrs: _containers.RepeatedScalarFieldContainer[str]
+    relay_service: bool
+    def __init__(self, node_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., queued_prefill_tokens: _Optional[int] = ..., prefill_ms_per_token: _Optional[float] = ..., active_requests: _Optional[int] = ..., busy: _Optional[bool] = ..., epoch: _Optional[int] = ..., digest_version: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., slot_wait_ms: _Optional[float] = ..., reachability: _Optional[_Union[Reachability, str]] = ..., relay_addrs: _Optional[_Iterable[str]] = ..., relay_service: _Optional[bool] = ...) -> None: ...
 
 class GossipMessage(_message.Message):
     __slots__ = ("version", "digest", "load")
@@ -249,3 +277,35 @@ class ModelAnnouncement(_message.Message):
     model_alias: str
     addrs: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, version: _Optional[int] = ..., node_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_alias: _Optional[str] = ..., addrs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DialBackRequest(_message.Message):
+    __slots__ = ("version", "nonce", "addrs")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    ADDRS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    nonce: bytes
+    addrs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[bytes] = ..., addrs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DialBackResponse(_message.Message):
+    __slots__ = ("version", "status", "addr", "observed_ip", "message")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_IP_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    status: DialBackStatus
+    addr: str
+    observed_ip: str
+    message: str
+    def __init__(self, version: _Optional[int] = ..., status: _Optional[_Union[DialBackStatus, str]] = ..., addr: _Optional[str] = ..., observed_ip: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class DialBackProof(_message.Message):
+    __slots__ = ("version", "nonce")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    nonce: bytes
+    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[bytes] = ...) -> None: ...

@@ -1,0 +1,433 @@
+"""``p2pinfer lab nat``: prefix-aware routing across NATs, on the namespace testbed.
+
+Public relay nodes on the "WAN" and volunteers behind NAT routers
+(:mod:`p2pinfer.lab.nat_testbed`), every one a real node process with the
+simulated engine (the calibrated cost model, real radix caches). One
+volunteer behind a port-preserving NAT, the *holder*, caches a prefix;
+requests for it enter at every other node, so each must be forwarded to
+the holder: over the LAN, over the holder's own connection to a public
+node, through a relay, or over a hole-punched connection. Then the relay
+that carries the holder's relayed circuits is killed (SIGKILL) while
+requests keep coming.
+
+Measured, all in one run: requests served by the holder, failed ones, the
+path of each pair, hole punches per NAT type, the overhead of each
+forward (the time the entry node waited minus the time the holder's engine
+took) by path and its excess over a direct forward (p50, p90), relay bytes
+per request, and the time a volunteer needs to become reachable (hold a
+reservation) after it starts and after its relay is killed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+import os
+from pathlib import Path
+import random
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+from .nat_testbed import NatHost, NatTestbed
+
+__all__ = ["NatSwarm", "run_nat_bench"]
+
+PORT = 4001
+"""The first host's listen port; each host gets its own (``PORT + i``).
+
+Two volunteers behind one port-preserving NAT listening on the same port
+would both predict the same external address (the NAT's WAN address with
+that port) for hole punching, and only one can own that mapping: the
+other's hole punches fail for a reason that says nothing about NATs. Home
+users' nodes do not share a port either (each picks one, or a random one)."""
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return round(ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo), 3)
+
+
+LAB_GOSSIP = {"delta_interval_s": 0.5, "full_interval_s": 10.0, "load_interval_s": 2.0, "keepalive_interval_s": 5.0, "peer_ttl_s": 15.0}
+"""A calm gossip schedule: seven or eight node processes share two cores here,
+and py-libp2p spends most of a node's CPU on gossip RPCs (each carries and
+verifies a signed peer record; each read is credited with its own yamux
+window update). NAT traversal does not depend on it."""
+
+
+def _node_config(host: NatHost, port: int, bootstrap: tuple[str, ...], speed: float, nat: dict[str, Any]) -> Any:
+    from ..core.router import GossipConfig
+    from ..net.config import NatConfig
+    from .node_process import fast_config
+
+    return fast_config(
+        bootstrap=bootstrap,
+        speed=speed,
+        gossip=GossipConfig(**LAB_GOSSIP),
+        connect_timeout_s=10.0,
+        stall_timeout_s=30.0,
+        request_timeout_s=120.0,
+    ).replace(listen=(f"/ip4/{host.ip}/tcp/{port}",), nat=NatConfig(**nat))
+
+
+class NatSwarm:
+    """A real node process on every host of a :class:`NatTestbed` (the first public host bootstraps).
+
+    Used by the benchmark and by the testbed's tests (tests/netns).
+    """
+
+    def __init__(self, bed: NatTestbed, speed: float, nat: dict[str, Any], log_dir: Path) -> None:
+        from .node_process import NodeProcess
+
+        self.bed = bed
+        self.nodes: dict[str, Any] = {}
+        pubs = bed.public_hosts
+        first = pubs[0]
+        ports = {h.name: PORT + i for i, h in enumerate(bed.hosts.values())}
+        self.nodes[first.name] = NodeProcess(
+            _node_config(first, ports[first.name], (), speed, nat), first.name, log_dir=log_dir, wrap=first.wrap, start_timeout_s=120
+        )
+        boot = (self.nodes[first.name].addrs[0],)
+        rest = [*pubs[1:], *bed.private_hosts]
+        with ThreadPoolExecutor(len(rest) or 1) as pool:
+            futures = {
+                h.name: pool.submit(
+                    NodeProcess, _node_config(h, ports[h.name], boot, speed, nat), h.name, log_dir, 120.0, wrap=h.wrap
+                )
+                for h in rest
+            }
+            for name, fut in futures.items():
+                self.nodes[name] = fut.result()
+        self.ids = {name: n.peer_id for name, n in self.nodes.items()}
+        self.names = {pid: name for name, pid in self.ids.items()}
+        self.dead: set[str] = set()
+
+    def live(self) -> dict[str, Any]:
+        return {n: p for n, p in self.nodes.items() if n not in self.dead}
+
+    def nat(self) -> dict[str, dict[str, Any]]:
+        return {name: node.call("nat", timeout_s=60) for name, node in self.live().items()}
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one node (a relay that disappears)."""
+        self.nodes[name].kill()
+        self.dead.add(name)
+
+    def unsettled(self, wanted_reservations: int) -> list[str]:
+        """What keeps the swarm from being ready; empty when it is.
+
+        Ready: every volunteer knows it is private and holds ``wanted_reservations``
+        reservations and a connection to every other node (direct, hole-punched
+        or relayed); every public node knows it is public and offers its relay.
+        """
+        facts = self.nat()
+        missing: list[str] = []
+        for name, f in facts.items():
+            if self.bed.host(name).public:
+                if f["reachability"] != "public" or not f["relay"]["offered"]:
+                    missing.append(f"{name} is {f['reachability']}, relay offered: {f['relay']['offered']}")
+                continue
+            if f["reachability"] != "private":
+                missing.append(f"{name} is {f['reachability']}")
+            if len(f["reservations"]) < wanted_reservations:
+                missing.append(f"{name} holds {len(f['reservations'])} reservations")
+            absent = [o for o in self.live() if o != name and self.ids[o] not in f["paths"]]
+            if absent:
+                missing.append(f"{name} not connected to {', '.join(absent)}")
+        return missing
+
+    def settle(self, wanted_reservations: int, timeout_s: float) -> float:
+        """Until :meth:`unsettled` is empty; returns the seconds it took (TimeoutError says what is missing)."""
+        t0 = time.monotonic()
+        missing: list[str] = []
+        while True:
+            missing = self.unsettled(wanted_reservations)
+            if not missing:
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"the swarm did not settle within {timeout_s} s: {'; '.join(missing)}")
+            time.sleep(1.0)
+
+    def close(self) -> None:
+        for name, node in self.nodes.items():
+            if name not in self.dead:
+                node.close()
+
+
+def _kind(bed: NatTestbed, name: str) -> str:
+    host = bed.host(name)
+    return "public" if host.public else str(host.nat_kind)
+
+
+def run_nat_bench(
+    *,
+    public: int = 2,
+    nats: tuple[str, ...] = ("cone", "cone", "symmetric"),
+    hosts_per_nat: tuple[int, ...] = (1, 1, 2),
+    requests: int = 60,
+    kill_requests: int = 30,
+    rate_rps: float = 3.0,
+    prefix_tokens: int = 1024,
+    suffix_tokens: int = 32,
+    max_tokens: int = 8,
+    speed: float = 1.0,
+    seed: int = 0,
+    settle_timeout_s: float = 180.0,
+    progress: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
+) -> dict[str, Any]:
+    """Run the NAT benchmark; returns one JSON-ready object (see the module docstring)."""
+    from .node_process import wait_until
+
+    rng = random.Random(seed)
+    nat_cfg: dict[str, Any] = {"reachability_interval_s": 60.0}
+    log_dir = Path(tempfile.mkdtemp(prefix="p2pinfer-lab-nat-"))
+    with NatTestbed(public=public, nats=tuple(nats), hosts_per_nat=tuple(hosts_per_nat)) as bed:  # type: ignore[arg-type]
+        progress(f"testbed {bed.run_id}: {len(bed.public_hosts)} public hosts, NATs {', '.join(nats)}")
+        swarm = NatSwarm(bed, speed, nat_cfg, log_dir)
+        try:
+            return _run(bed, swarm, rng, requests=requests, kill_requests=kill_requests, rate_rps=rate_rps,
+                        prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, max_tokens=max_tokens,
+                        settle_timeout_s=settle_timeout_s, nat_cfg=nat_cfg, progress=progress, wait_until=wait_until,
+                        log_dir=log_dir, speed=speed)
+        finally:
+            swarm.close()
+
+
+def _run(bed: NatTestbed, swarm: NatSwarm, rng: random.Random, *, requests: int, kill_requests: int, rate_rps: float,
+         prefix_tokens: int, suffix_tokens: int, max_tokens: int, settle_timeout_s: float, nat_cfg: dict[str, Any],
+         progress: Callable[[str], None], wait_until: Any, log_dir: Path, speed: float) -> dict[str, Any]:
+    private = [h.name for h in bed.private_hosts]
+    publics = [h.name for h in bed.public_hosts]
+    holder = next(h.name for h in bed.private_hosts if h.nat_kind == "cone")
+    wanted = min(2, len(publics))
+
+    progress(f"waiting for reachability verdicts, reservations and connections (node logs in {log_dir})")
+    settle_s = swarm.settle(wanted, settle_timeout_s)
+    progress(f"settled after {settle_s:.1f} s")
+    start_facts = swarm.nat()
+    reachable_after_start = {}
+    for name, f in start_facts.items():
+        at = f["first_reserved_at"] if name in private else f["reachability_changed_at"]
+        reachable_after_start[name] = None if at is None else round(at - f["started_at"], 3)
+
+    # The holder caches a prefix, served locally; everyone hears of it.
+    prefix = [rng.randrange(1000, 40000) for _ in range(prefix_tokens)]
+    swarm.nodes[holder].call("generate", tokens=prefix + [rng.randrange(1000, 40000) for _ in range(suffix_tokens)],
+                             max_tokens=1, prefer="local", timeout_s=120)
+    blocks = prefix_tokens // 16
+    entries = [n for n in swarm.nodes if n != holder]
+
+    def heard() -> bool:
+        for name in entries:
+            view = swarm.nodes[name].call("view")
+            if view.get(swarm.ids[holder], {}).get("blocks", 0) < blocks:
+                return False
+        return True
+
+    wait_until(heard, 60, interval_s=0.5, what="every entry node heard the holder's digest")
+    # Hole punches started when the relayed connections came up: let them finish.
+    time.sleep(5)
+    rtts = {name: swarm.nodes[name].call("status")["peers"] for name in entries}
+
+    relay_before = {p: start_facts[p]["relay"]["bytes_relayed"] for p in publics}
+    t_idle = time.monotonic()
+    time.sleep(10)
+    idle_facts = swarm.nat()
+    idle_bytes = sum(idle_facts[p]["relay"]["bytes_relayed"] - relay_before[p] for p in publics)
+    idle_rate = idle_bytes / (time.monotonic() - t_idle)
+
+    progress(f"{requests} requests at {rate_rps}/s entering at {len(entries)} nodes")
+    t_phase = time.monotonic()
+    before = {p: idle_facts[p]["relay"]["bytes_relayed"] for p in publics}
+    records = _requests(swarm, entries, prefix, rng, requests, rate_rps, suffix_tokens, max_tokens)
+    phase_s = time.monotonic() - t_phase
+    after_facts = swarm.nat()
+    relay_bytes = sum(after_facts[p]["relay"]["bytes_relayed"] - before[p] for p in publics)
+
+    # -- the relay carrying the holder's circuits dies mid-run ----------------------------
+    victim = max(publics, key=lambda p: (
+        sum(1 for c in after_facts[p]["relay"]["circuits"] if c["dst"] == swarm.ids[holder]),
+        swarm.ids[p] in after_facts[holder]["reservations"]))
+    kill = {"relay": victim}
+    kill_records: list[dict[str, Any]] = []
+    if kill_requests and len(publics) > 1:
+        progress(f"{kill_requests} more requests; relay {victim} is killed halfway")
+
+        def killer() -> float:
+            time.sleep(kill_requests / rate_rps / 2)
+            swarm.kill(victim)
+            return time.monotonic()
+
+        with ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(killer)
+            kill_records = _requests(swarm, [e for e in entries if e != victim], prefix, rng, kill_requests,
+                                     rate_rps, suffix_tokens, max_tokens, skip=lambda name: name in swarm.dead)
+            killed_at = fut.result()
+        # The dead relay noticed and dropped; a new reservation taken where another relay was free.
+        def dropped() -> bool:
+            facts = swarm.nat()
+            return all(swarm.ids[victim] not in facts[n]["reservations"] and facts[n]["reservations"] for n in private)
+
+        try:
+            wait_until(dropped, 90, interval_s=0.5, what="reservations moved off the killed relay")
+        except TimeoutError as exc:
+            kill["not_replaced"] = str(exc)
+        facts = swarm.nat()
+        lost_after: dict[str, float | None] = {}
+        reserved_after: dict[str, float | None] = {}
+        for n in private:
+            events = start_facts[n]["relay_events"] + facts[n]["relay_events"]
+            had = any(e["relay"] == swarm.ids[victim] and e["event"] in ("reserved", "renewed") and e["t"] < killed_at
+                      for e in events)
+            if not had:
+                continue
+            lost = [e["t"] for e in events if e["relay"] == swarm.ids[victim] and e["event"] == "lost" and e["t"] > killed_at]
+            later = [e["t"] for e in events if e["event"] == "reserved" and e["t"] > killed_at]
+            lost_after[n] = round(min(lost) - killed_at, 3) if lost else None
+            reserved_after[n] = round(min(later) - killed_at, 3) if later else None
+        kill["reservation_dropped_after_s"] = lost_after
+        kill["new_reservation_after_s"] = reserved_after
+        kill["reservations_after"] = {n: len(facts[n]["reservations"]) for n in private}
+        kill["note"] = ("a volunteer stays reachable through its other reservation; a new one is taken only where "
+                        "a relay without one of its reservations is alive")
+        holder_after = [r for r in kill_records if r.get("done_at", 0) > killed_at and r.get("served_by") == swarm.ids[holder]
+                        and r.get("path") == "relayed"]
+        kill["first_relayed_holder_serve_after_s"] = (
+            round(min(r["done_at"] for r in holder_after) - killed_at, 3) if holder_after else None
+        )
+        kill["requests"] = len(kill_records)
+        kill["failed"] = sum(1 for r in kill_records if "error" in r)
+        kill["served_by_holder"] = sum(1 for r in kill_records if r.get("served_by") == swarm.ids[holder])
+        kill["fallbacks"] = sum(1 for r in kill_records if len(r.get("attempts", [])) > 1)
+    final = swarm.nat()
+    out = _report(bed, swarm, holder, records, kill_records, kill, start_facts, final, rtts,
+                   reachable_after_start, relay_bytes, idle_rate, phase_s, nat_cfg, requests, rate_rps,
+                   prefix_tokens, suffix_tokens, max_tokens, speed)
+    out["settled_after_s"] = round(settle_s, 3)
+    return out
+
+
+def _requests(swarm: NatSwarm, entries: list[str], prefix: list[int], rng: random.Random, n: int, rate: float,
+              suffix_tokens: int, max_tokens: int, skip: Callable[[str], bool] = lambda name: False) -> list[dict[str, Any]]:
+    pending = []
+    t0 = time.monotonic()
+    for i in range(n):
+        delay = t0 + i / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        entry = entries[i % len(entries)]
+        if skip(entry):
+            continue
+        tokens = prefix + [rng.randrange(1000, 40000) for _ in range(suffix_tokens)]
+        pending.append((entry, swarm.nodes[entry].start_call("generate", tokens=tokens, max_tokens=max_tokens,
+                                                             deadline_s=120)))
+    out = []
+    for entry, wait in pending:
+        try:
+            result = wait(180)
+            result["entry"] = entry
+        except Exception as exc:  # a failed request is a result, reported
+            result = {"entry": entry, "error": str(exc)[:500]}
+        out.append(result)
+    return out
+
+
+def _report(bed: NatTestbed, swarm: NatSwarm, holder: str, records: list[dict[str, Any]], kill_records: list[dict[str, Any]],
+            kill: dict[str, Any], start: dict[str, Any], final: dict[str, Any], rtts: dict[str, Any],
+            reachable_after_start: dict[str, Any], relay_bytes: int, idle_rate: float, phase_s: float,
+            nat_cfg: dict[str, Any], requests: int, rate_rps: float, prefix_tokens: int, suffix_tokens: int,
+            max_tokens: int, speed: float) -> dict[str, Any]:
+    hid = swarm.ids[holder]
+    ok = [r for r in records if "error" not in r]
+    by_path: dict[str, list[float]] = {}
+    pairs: dict[str, Any] = {}
+    for r in ok:
+        if r["served_by"] != hid:
+            continue
+        overhead = (r["call_s"] - r["record"]["total_s"]) * 1000
+        by_path.setdefault(r["path"], []).append(overhead)
+        pair = pairs.setdefault(f"{r['entry']}->{holder}", {"paths": {}, "overhead_ms": []})
+        pair["paths"][r["path"]] = pair["paths"].get(r["path"], 0) + 1
+        pair["overhead_ms"].append(overhead)
+    for pair in pairs.values():
+        pair["overhead_ms_p50"] = _pct(pair.pop("overhead_ms"), 0.5)
+    direct = by_path.get("direct", [])
+    added_p50 = {p: None if not direct else round(_pct(v, 0.5) - _pct(direct, 0.5), 3) for p, v in by_path.items() if p != "direct"}
+    added_p90 = {p: None if not direct else round(_pct(v, 0.9) - _pct(direct, 0.9), 3) for p, v in by_path.items() if p != "direct"}
+    relayed_requests = sum(1 for r in ok if r.get("path") == "relayed")
+    # Paths between every pair of nodes, as each node names them.
+    paths = {f"{a}->{swarm.names.get(p, p[:12])}": path for a, f in final.items() for p, path in f["paths"].items()}
+    rtt = {}
+    for entry, peers in rtts.items():
+        for p in peers:
+            if p["peer_id"] in swarm.names and p["rtt_ms"] is not None:
+                rtt[f"{entry}->{swarm.names[p['peer_id']]}"] = {"rtt_ms": p["rtt_ms"], "path": p["rtt_path"]}
+    # Hole punches by the NAT kinds of the two ends (a pair counts once; ok if any attempt worked).
+    punches: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, f in {**start, **final}.items():
+        for rec in f["hole_punches"]:
+            other = swarm.names.get(rec["peer"])
+            if other is None:
+                continue
+            key = tuple(sorted((name, other)))
+            entry = punches.setdefault(key, {"attempts": 0, "ok": False, "seconds": []})  # type: ignore[arg-type]
+            entry["attempts"] += 1
+            entry["ok"] = entry["ok"] or rec["ok"]
+            entry["seconds"].append(round(rec["seconds"], 3))
+    per_kind: dict[str, dict[str, Any]] = {}
+    for (a, b), e in punches.items():
+        kind = "-".join(sorted((_kind(bed, a), _kind(bed, b))))
+        k = per_kind.setdefault(kind, {"pairs": 0, "succeeded": 0, "attempts": 0})
+        k["pairs"] += 1
+        k["succeeded"] += int(e["ok"])
+        k["attempts"] += e["attempts"]
+    for k in per_kind.values():
+        k["success_rate"] = round(k["succeeded"] / k["pairs"], 3)
+    reuse_equal = sum(1 for r in ok if r["served_by"] == hid and r["reused_tokens"] == r["predicted_reused_tokens"])
+    return {
+        "benchmark": "lab nat",
+        "requests": len(records),
+        "served_by_holder": sum(1 for r in ok if r["served_by"] == hid),
+        "failed": len(records) - len(ok),
+        "reuse_equal_to_prediction": reuse_equal,
+        "holder": holder,
+        "paths": paths,
+        "request_paths": {p: len(v) for p, v in by_path.items()},
+        "pairs": pairs,
+        "overhead_ms_p50": {p: _pct(v, 0.5) for p, v in by_path.items()},
+        "overhead_ms_p90": {p: _pct(v, 0.9) for p, v in by_path.items()},
+        "added_ms_p50": added_p50,
+        "added_ms_p90": added_p90,
+        "rtt_ms": rtt,
+        "hole_punch": {"by_nat_kinds": per_kind,
+                       "pairs": {f"{a}<->{b}": e for (a, b), e in punches.items()}},
+        "relay_bytes": {
+            "request_phase": relay_bytes,
+            "request_phase_s": round(phase_s, 3),
+            "idle_bytes_per_s": round(idle_rate, 1),
+            "relayed_requests": relayed_requests,
+            "per_relayed_request": None if not relayed_requests else round(relay_bytes / relayed_requests),
+            "per_relayed_request_less_idle": None if not relayed_requests
+            else round((relay_bytes - idle_rate * phase_s) / relayed_requests),
+        },
+        "reachable_after_start_s": reachable_after_start,
+        "relay_kill": kill,
+        "reachability": {n: f["reachability"] for n, f in final.items()},
+        "testbed": bed.describe(),
+        "config": {
+            "requests": requests, "rate_rps": rate_rps, "prefix_tokens": prefix_tokens, "suffix_tokens": suffix_tokens,
+            "max_tokens": max_tokens, "engine": f"simulated (calibrated cost model, speed {speed})", "nat": nat_cfg,
+        },
+        "records": [
+            {k: r.get(k) for k in ("entry", "served_by", "path", "call_s", "predicted_reused_tokens", "reused_tokens", "error")}
+            | {"engine_s": (r.get("record") or {}).get("total_s"), "attempts": [(a["target"][-6:], a["outcome"], a["path"]) for a in r.get("attempts", [])]}
+            for r in records + kill_records
+        ],
+        "node_names": swarm.names,
+    }
