@@ -336,12 +336,11 @@ class SlotLoop:
         ids are kept only as far as the re-tokenised text agrees with them
         (all of them for SmolLM2, measured: docs/results.md), and the tail
         only when the whole reply agrees and no stop string cut it. The
-        generated tokens' KV is already in the sequence (each was evaluated
-        by the next decode step, except the last one of a length stop); the
-        missing tokens (that last one, the tail) are evaluated in one chunk
-        here, which costs about one decode step. Without flash attention a
-        token's KV does not depend on how it was batched, so these positions
-        equal what a cold prefill of the next turn computes (tested).
+        reply and the tail are evaluated again here as prompt chunks (the
+        decode steps' one-token batches give other bits), so these positions
+        hold exactly what a cold prefill of the next turn computes (tested);
+        this costs about a prefill of the reply, after its last token was
+        sent and before the request's record.
         """
         rt = self._rt
         assert job.reply_tail is not None and job.text is not None
@@ -360,23 +359,19 @@ class SlotLoop:
             note = f"the reply's text re-tokenises differently after {keep} of {len(ids)} tokens"
         whole = keep == len(ids) and not job.text.stopped
         new = list(ids[:keep]) + (list(job.reply_tail) if whole else [])
-        have = rt.seq_len(job.slot)
+        new = new[: max(0, rt.n_ctx - n)]
         end = n + len(new)
-        if end > rt.n_ctx:
-            new, end = new[: rt.n_ctx - n], rt.n_ctx
         if job.window is not None and end > job.window:
             return None, (), f"prompt + reply ({end} tokens) is longer than the cache window ({job.window})"
-        if end <= n:
-            return None, (), note
-        if have < end:
-            if end - have == 1:
-                end = have  # one token (a length stop's last one): not worth a one-token batch
-            else:
-                full = job.tokens + new
-                rt.eval_chunk(full[have:end], have, job.slot)
-        if end <= n:
-            return None, (), note
-        return rt.save_span(n, end, seq=job.slot), tuple(new[: end - n]), note
+        if len(new) < 2:  # a one-token batch computes other bits than a cold prefill
+            return None, (), note or "fewer than two reply tokens"
+        # The decode steps' KV is not what a cold prefill computes (one-token
+        # batches take other kernels: measured, tests/engines/test_reply_cache.py),
+        # so the reply is evaluated again as prompt chunks before it is saved.
+        rt.truncate_seq(job.slot, n)
+        for off, size in rt.chunks(len(new)):
+            rt.eval_chunk(new[off : off + size], n + off, job.slot)
+        return rt.save_span(n, end, seq=job.slot), tuple(new), note
 
     def _release(self, job: SlotJob) -> None:
         """Free the job's slot (KV and sampler); no event."""
