@@ -50,6 +50,7 @@ COMMAND_MODULES = [
     "p2pinfer.cli.lab_dashboard",
     "p2pinfer.cli.bench_api",
     "p2pinfer.cli.bench_concurrency",
+    "p2pinfer.cli.bench_conversations",
 ]
 
 
