@@ -152,6 +152,8 @@ def _summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "routed_to_previous_server_share": round(
             statistics.fmean(1.0 if r["served_by"] == _previous_server(rows, r) else 0.0 for r in later), 4
         ) if later else None,
+        "turns_entering_away_from_the_previous_server": sum(1 for r in later if r["entry"] != _previous_server(rows, r)),
+        "turns_2plus": len(later),
         "completion_tokens_mean": round(statistics.fmean(r["completion_tokens"] for r in rows), 1),
         "prompt_tokens_mean_turns_2plus": round(statistics.fmean(r["prompt_tokens"] for r in later), 1) if later else None,
     }
