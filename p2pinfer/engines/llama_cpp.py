@@ -633,10 +633,12 @@ class LlamaCppEngine(Engine):
             log.debug("reply cache: %s", event.reply_note)
         if event.reply_span is None:
             return
-        added = self._store.insert(req.tokens + list(event.reply_tokens), len(req.tokens), event.reply_span)
+        path = req.tokens + list(event.reply_tokens)
+        self._store.insert(path, len(req.tokens), event.reply_span)
         self._drop_phantoms()  # the prompt was evicted meanwhile: the span alone cannot be restored
-        self.replies_cached += 1
-        req.reply_cached = len(event.reply_tokens) if added else 0
+        if self._cache.match(path, touch=False) == len(path):
+            self.replies_cached += 1
+            req.reply_cached = len(event.reply_tokens)
 
     def _unpin(self, req: _Request) -> None:
         if req.pin is not None:
