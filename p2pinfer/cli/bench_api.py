@@ -15,15 +15,19 @@ def register_lab(lab: typer.Typer) -> None:
     def reply_render_cmd(
         max_tokens: int = typer.Option(160, min=1, max=1024, help="Tokens per reply (greedy)."),
         model: str = typer.Option("", "--model", help="GGUF file (default: SmolLM2-135M-Instruct)."),
+        completion: bool = typer.Option(False, "--completion", help="Plain completions continued by the client, not chats."),
+        reply_cache: bool = typer.Option(True, "--reply-cache/--no-reply-cache", help="The engine caches replies."),
     ) -> None:
-        """Where the next turn's rendered prompt stops matching prompt + generated tokens (JSON)."""
+        """Where the next turn's rendered prompt stops matching prompt + generated tokens, and what the
+        engine's cache holds of it (JSON)."""
         from ..engines.llama_cpp import LlamaCppEngine
         from ..lab.provenance import with_provenance
         from ..lab.reply_render import reply_alignment
 
-        options = {"threads": 1, "cache_tokens": 8192, **({"model_path": model} if model else {})}
+        options = {"threads": 1, "cache_tokens": 8192, "slots": 1, "context_size": 2048, "reply_cache": reply_cache,
+                   **({"model_path": model} if model else {})}
         engine = LlamaCppEngine.create(**options)
-        typer.echo(json.dumps(with_provenance(reply_alignment(engine, max_tokens)), indent=2))
+        typer.echo(json.dumps(with_provenance(reply_alignment(engine, max_tokens, completion=completion)), indent=2))
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

@@ -53,6 +53,7 @@ COMMAND_MODULES = [
     "p2pinfer.cli.bench_api",
     "p2pinfer.cli.bench_concurrency",
     "p2pinfer.cli.lab_nat",
+    "p2pinfer.cli.bench_conversations",
 ]
 
 

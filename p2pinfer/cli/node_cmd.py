@@ -20,6 +20,8 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     if settings.cache_tokens is not None:
         opts["cache_tokens"] = settings.cache_tokens
+    if not settings.reply_cache:
+        opts["reply_cache"] = False  # only when off: a plugin engine need not know the option
     if settings.engine == "simulated":
         if settings.context_size is not None:
             opts["context_size"] = settings.context_size
@@ -211,6 +213,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         engine_check: Optional[bool] = typer.Option(
             None, "--engine-check/--no-engine-check",
             help="Try the llama.cpp configuration in a child process before loading it (default on, about a second).",
+        ),
+        reply_cache: Optional[bool] = typer.Option(
+            None, "--reply-cache/--no-reply-cache",
+            help="Cache each reply as the next turn renders it, so a conversation's next turn reuses it (default on).",
         ),
         cpu_repack: Optional[bool] = typer.Option(
             None, "--cpu-repack/--no-cpu-repack",

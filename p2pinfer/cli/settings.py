@@ -54,6 +54,9 @@ class NodeSettings:
     """Requests the engine serves at once (continuous batching); engine default when unset."""
     gpu_layers: int | None = None
     """Layers to offload; unset = all when llama.cpp has GPU offload, else 0."""
+    reply_cache: bool = True
+    """When a generation ends, its reply joins the prefix cache as the next turn
+    renders it (the next turn of a conversation reuses prompt and reply)."""
     cpu_repack: bool = False
     """Let llama.cpp repack weights for the CPU (AMX, AVX/NEON layouts). Off by
     default: the AMX path crashes on some Intel CPUs (llama.cpp issue 20824)."""

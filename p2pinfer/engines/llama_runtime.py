@@ -379,6 +379,11 @@ class LlamaRuntime:
         """Empty one sequence (its stream's next cells are 0, 1, 2, ... again)."""
         _ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
+    def truncate_seq(self, seq: int, length: int) -> None:
+        """Drop positions ``length...`` of ``seq`` (the next token goes at ``length``)."""
+        if not _ll.llama_memory_seq_rm(self.mem, seq, length, -1):
+            raise DecodeError(f"llama.cpp could not cut sequence {seq} at position {length}")
+
     def seq_len(self, seq: int = 0) -> int:
         return int(_ll.llama_memory_seq_pos_max(self.mem, seq)) + 1
 

@@ -68,9 +68,18 @@ class SimulatedEngine(Engine):
         block_size: int = DEFAULT_BLOCK_SIZE,
         chat_template: str = "chatml-approx-v1",
         vocab_size: int = 49152,
+        reply_cache: bool = False,
         **_ignored: Any,
     ) -> None:
-        """``speed`` scales the cost model: 0 makes every request instant."""
+        """``speed`` scales the cost model: 0 makes every request instant.
+
+        ``reply_cache`` can only be off: its generated tokens echo the prompt,
+        no chat template renders them again, so there is no next turn to
+        cache them for (the simulator models reply caching itself:
+        ``p2pinfer simulate --workload conversations``).
+        """
+        if reply_cache:
+            raise ValueError("the simulated engine cannot cache replies (its tokens are not a model's); use --no-reply-cache")
         self._tokenizer = ApproxTokenizer(vocab_size)
         self._fingerprint = ModelFingerprint(
             model=model, tokenizer=f"approx-v1-{vocab_size}", chat_template=chat_template, block_size=block_size

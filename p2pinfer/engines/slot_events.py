@@ -53,6 +53,15 @@ class Finished:
     generated: int
     decode_steps: int
     decode_s: float
+    reply_span: KvSpan | None = None
+    """KV of the reply as the next turn renders it, positions ``[n, n + len(reply_tokens))``
+    (see :class:`~p2pinfer.engines.slot_loop.SlotJob.reply_tail`); None when not cached."""
+    reply_tokens: tuple[int, ...] = ()
+    """The tokens that span holds, to insert after the prompt."""
+    reply_s: float = 0.0
+    """Time spent evaluating the end-of-turn tokens and saving the span."""
+    reply_note: str | None = None
+    """Why the reply was not cached, or was cached only in part (for the logs and the record)."""
 
 
 @dataclass(frozen=True, slots=True)

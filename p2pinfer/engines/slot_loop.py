@@ -64,6 +64,13 @@ class SlotJob:
     """Saved spans of the cached prefix: ``(span, start, upto)``, consecutive from 0."""
     save_from: int | None = None
     """Save the prompt's positions ``[save_from, n)`` once they are evaluated."""
+    reply_tail: tuple[int, ...] | None = None
+    """Cache the reply when the generation ends (stop or length), followed by
+    these tokens: what the next turn renders after the reply's text (the chat
+    template's end of turn, measured by the engine; empty for a completion).
+    None: do not cache the reply. See :meth:`SlotLoop._cache_reply`."""
+    window: int | None = None
+    """Longest sequence a span may be saved from (the engine's ``cache_window``)."""
     cancel: threading.Event = field(default_factory=threading.Event)
     # -- the loop's own state ------------------------------------------------
     slot: int = -1
@@ -73,6 +80,10 @@ class SlotJob:
     token: int | None = None
     """Sampled and sent, to be evaluated by the next decode step."""
     generated: int = 0
+    ids: list[int] = field(default_factory=list)
+    """The generated token ids (end-of-generation token excluded)."""
+    emitted: list[str] = field(default_factory=list)
+    """The text sent for them, piece by piece (stop strings cut out)."""
     chain: Any = None
     text: TextStream | None = None
     prefill_s: float = 0.0
@@ -298,7 +309,7 @@ class SlotLoop:
                 error = str(exc)
         after: list[Event] = [Prefilled(job.prefill_s, wall, span, error)]
         if job.done:
-            after.append(self._finish_event(job))
+            after.append(self._finish_event(job, with_reply=True))
             self._release(job)
         job.post(job, after)
 
@@ -325,7 +336,7 @@ class SlotLoop:
             events: list[Event] = []
             self._take(job, token, events, logprob)
             if job.done:
-                events.append(self._finish_event(job))
+                events.append(self._finish_event(job, with_reply=True))
                 self._release(job)
             job.post(job, events)
 
@@ -338,6 +349,7 @@ class SlotLoop:
             job.done, job.reason = True, "stop"
             return
         job.generated += 1
+        job.ids.append(token)
         piece = job.text.feed(rt.piece(token))
         if job.text.stopped:
             job.done, job.reason = True, "stop"
@@ -346,11 +358,65 @@ class SlotLoop:
             job.done, job.reason = True, "length"
         else:
             job.token = token
+        job.emitted.append(piece)
         events.append(TokenChunk((token,), piece, (logprob,) if logprob is not None else ()))
 
-    @staticmethod
-    def _finish_event(job: SlotJob) -> Finished:
-        return Finished(job.reason or "stop", job.generated, job.decode_steps, job.decode_s)
+    def _finish_event(self, job: SlotJob, *, with_reply: bool = False) -> Finished:
+        reason = job.reason or "stop"
+        if not with_reply or job.reply_tail is None:
+            return Finished(reason, job.generated, job.decode_steps, job.decode_s)
+        t0 = time.perf_counter()
+        try:
+            span, tokens, note = self._cache_reply(job)
+        except Exception as exc:  # not caching a reply is never worth failing the request
+            span, tokens, note = None, (), f"saving the reply's KV failed: {exc}"
+        return Finished(reason, job.generated, job.decode_steps, job.decode_s,
+                        span, tokens, time.perf_counter() - t0, note)
+
+    def _cache_reply(self, job: SlotJob) -> tuple[KvSpan | None, tuple[int, ...], str | None]:
+        """The KV of the reply as the next turn will render it, from the job's sequence.
+
+        The next turn's prompt holds the reply's *text*, re-tokenised, then
+        the template's end of turn (``job.reply_tail``). So the generated
+        ids are kept only as far as the re-tokenised text agrees with them
+        (all of them for SmolLM2, measured: docs/results.md), and the tail
+        only when the whole reply agrees and no stop string cut it. The
+        reply and the tail are evaluated again here as prompt chunks (the
+        decode steps' one-token batches give other bits), so these positions
+        hold exactly what a cold prefill of the next turn computes (tested);
+        this costs about a prefill of the reply, after its last token was
+        sent and before the request's record.
+        """
+        rt = self._rt
+        assert job.reply_tail is not None and job.text is not None
+        if job.reason not in ("stop", "length"):
+            return None, (), None
+        n = len(job.tokens)
+        ids = job.ids
+        retok = rt.tokenize("".join(job.emitted), add_special=False)
+        keep = 0
+        for a, b in zip(ids, retok):
+            if a != b:
+                break
+            keep += 1
+        note = None
+        if keep < len(ids):
+            note = f"the reply's text re-tokenises differently after {keep} of {len(ids)} tokens"
+        whole = keep == len(ids) and not job.text.stopped
+        new = list(ids[:keep]) + (list(job.reply_tail) if whole else [])
+        new = new[: max(0, rt.n_ctx - n)]
+        end = n + len(new)
+        if job.window is not None and end > job.window:
+            return None, (), f"prompt + reply ({end} tokens) is longer than the cache window ({job.window})"
+        if len(new) < 2:  # a one-token batch computes other bits than a cold prefill
+            return None, (), note or "fewer than two reply tokens"
+        # The decode steps' KV is not what a cold prefill computes (one-token
+        # batches take other kernels: measured, tests/engines/test_reply_cache.py),
+        # so the reply is evaluated again as prompt chunks before it is saved.
+        rt.truncate_seq(job.slot, n)
+        for off, size in rt.chunks(len(new)):
+            rt.eval_chunk(new[off : off + size], n + off, job.slot)
+        return rt.save_span(n, end, seq=job.slot), tuple(new), note
 
     def _release(self, job: SlotJob) -> None:
         """Free the job's slot (KV and sampler); no event."""

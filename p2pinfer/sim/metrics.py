@@ -162,6 +162,7 @@ def summarise(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
             "forward_cost": "2 one-way hops: request out, first token back",
             "loss": cfg.loss,
             "cache_tokens_per_node": cfg.cache_tokens,
+            "reply_cache": cfg.reply_cache,
             "work_weight": cfg.work_weight,
             "drain_reported_queue": cfg.drain_reported_queue,
             "busy_valve": cfg.busy_valve,

@@ -127,6 +127,10 @@ class SimConfig:
     trust: TrustConfig = field(default_factory=TrustConfig)
     seed: int = 1
     record_decisions: bool = False
+    reply_cache: bool = False
+    """As a live node's ``reply_cache``: when a request ends, its serving node
+    caches prompt + reply (the workload's ``Prompt.reply``). Off by default
+    so that earlier figures reproduce; on in live nodes."""
     record_timeline: bool = False
     shadow_oracle: bool = False
     """Also compute the oracle's decision at every ``cost`` decision and count agreement."""
@@ -189,7 +193,7 @@ class Req:
     __slots__ = (
         "rid", "arrival", "tokens", "n_tokens", "label", "output_tokens", "entry", "gen", "attempts",
         "first_token", "done", "served_by", "reused", "forwards", "retries", "predicted", "fixed_entry",
-        "hashes", "lookup", "routed_at",
+        "hashes", "lookup", "routed_at", "reply",
     )
 
     def __init__(self, rid: int, arrival: float, tokens: list[int], label: str, output_tokens: int, fixed_entry: int | None) -> None:
@@ -199,6 +203,8 @@ class Req:
         self.n_tokens = len(tokens)
         self.label = label
         self.output_tokens = output_tokens
+        self.reply: list[int] = []
+        """Tokens the next turn renders after the prompt (cached at the end with ``reply_cache``)."""
         self.fixed_entry = fixed_entry
         self.entry: SimNode | None = None
         self.gen = 0

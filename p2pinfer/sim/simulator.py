@@ -374,6 +374,8 @@ class Simulator(DirectoryMode):
             self.at(self.requests[i + 1].t, self._arrive, i + 1)
         p = tr.prompt
         req = Req(i, self.now, self.encoder.encode(p), p.label, p.output_tokens, tr.entry)
+        if self.config.reply_cache:
+            req.reply = self.encoder.encode_reply(p)
         self.pending[i] = req
         self.arrived += 1
         alive = self.alive
@@ -534,6 +536,8 @@ class Simulator(DirectoryMode):
         node.engine.finish(job.ticket)  # type: ignore[arg-type]
         node.current = None
         req = job.req
+        if req.reply and req.tokens:  # the engine caches the reply when its generation ends (reply_cache)
+            node.cache.insert(req.tokens + req.reply)
         if job.gen == req.gen and not req.done:
             req.done = True
             node.served += 1

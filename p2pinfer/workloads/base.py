@@ -40,6 +40,11 @@ class Prompt:
     """Ready token ids; when set, ``parts`` is ignored."""
     output_tokens: int = 16
     """Tokens the client asks to generate."""
+    reply: tuple[str, ...] = ()
+    """What the next turn renders right after this prompt (the reply and its
+    end of turn), when known: a node with ``reply_cache`` caches it."""
+    reply_tokens: tuple[int, ...] | None = None
+    """The same as ready token ids; when set, ``reply`` is ignored."""
 
     def __post_init__(self) -> None:
         if self.tokens is None and not self.parts:
@@ -71,6 +76,15 @@ class PromptEncoder:
             ids = tuple(self.tokenizer.encode(text, bos=first))
             self._cache[key] = ids
         return ids
+
+    def encode_reply(self, prompt: Prompt) -> list[int]:
+        """The tokens that follow the prompt in the next turn (empty when unknown)."""
+        if prompt.reply_tokens is not None:
+            return list(prompt.reply_tokens)
+        out: list[int] = []
+        for text in prompt.reply:
+            out.extend(self.part(text, first=False))
+        return out
 
     def encode(self, prompt: Prompt) -> list[int]:
         if prompt.tokens is not None:

@@ -77,8 +77,9 @@ class ConversationWorkload:
         conv = self._live[slot]
         q = conv.questions[conv.turns_done]
         conv.parts.append(_user(q))
-        prompt = Prompt(f"conv-{conv.cid}", tuple(conv.parts), output_tokens=self.reply_tokens)
-        conv.parts.append(_reply(q))  # what the assistant said is part of the next turn
+        reply = _reply(q)
+        prompt = Prompt(f"conv-{conv.cid}", tuple(conv.parts), output_tokens=self.reply_tokens, reply=(reply,))
+        conv.parts.append(reply)  # what the assistant said is part of the next turn
         conv.turns_done += 1
         if conv.turns_done == len(conv.questions):
             self._live[slot] = self._new()

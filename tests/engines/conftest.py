@@ -17,7 +17,9 @@ def _close(engine: object) -> None:
 def llama_engine() -> Iterator[object]:
     from p2pinfer.engines.llama_cpp import LlamaCppEngine
 
-    engine = LlamaCppEngine(context_size=4096)
+    # These tests state what the prefix cache holds of *prompts*; replies joining it
+    # (on by default) are tested in test_reply_cache.py.
+    engine = LlamaCppEngine(context_size=4096, reply_cache=False)
     try:
         yield engine
     finally:

@@ -127,7 +127,7 @@ async def test_reused_tokens_are_what_the_tree_matched(engine: Any) -> None:
 
 
 async def test_eviction_under_a_small_budget_shows_in_the_tree() -> None:
-    small = LlamaCppEngine(context_size=512, cache_tokens=150)
+    small = LlamaCppEngine(context_size=512, cache_tokens=150, reply_cache=False)  # prompts only (see conftest)
     try:
         events: list[TreeEvent] = []
         small.cache.subscribe(events.append)

@@ -124,7 +124,8 @@ def test_the_engine_caches_prompts_within_the_window_only(text: list[int]) -> No
     from p2pinfer.engines.llama_cpp import LlamaCppEngine
 
     async def main() -> None:
-        engine = LlamaCppEngine(_gemma_path(), context_size=1024, cache_tokens=4096, threads=2, slots=2)
+        engine = LlamaCppEngine(_gemma_path(), context_size=1024, cache_tokens=4096, threads=2, slots=2,
+                                reply_cache=False)  # prompts only; replies: test_reply_cache.py
         try:
             window = engine.cache_window
             assert window is not None and engine.describe()["cache_window_tokens"] == window

