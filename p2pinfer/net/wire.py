@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 import math
 import re
+from typing import TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -486,17 +487,25 @@ def encode_gossip_load(report: pb.LoadReport) -> bytes:
     return pb.GossipMessage(version=WIRE_VERSION, load=report).SerializeToString()
 
 
-def decode_gossip(data: bytes, *, sender: str, fingerprint: str) -> Digest | LoadInfo:
-    """Validate one gossip payload from ``sender`` (the libp2p-signed origin)."""
-    if len(data) > GOSSIP_MAX_BYTES:
+_Gossip = TypeVar("_Gossip", pb.GossipMessage, pb.ModelAnnouncement)
+
+
+def _parse_gossip(msg: _Gossip, data: bytes, max_bytes: int, what: str) -> _Gossip:
+    """The checks every pubsub payload gets first: size, protobuf, wire version."""
+    if len(data) > max_bytes:
         raise GossipRejected("oversized", f"{len(data)} bytes")
-    msg = pb.GossipMessage()
     try:
         msg.ParseFromString(data)
     except DecodeError as exc:
         raise GossipRejected("malformed", str(exc)) from None
     if msg.version != WIRE_VERSION:
-        raise GossipRejected("version", f"gossip version {msg.version}")
+        raise GossipRejected("version", f"{what} version {msg.version}")
+    return msg
+
+
+def decode_gossip(data: bytes, *, sender: str, fingerprint: str) -> Digest | LoadInfo:
+    """Validate one gossip payload from ``sender`` (the libp2p-signed origin)."""
+    msg = _parse_gossip(pb.GossipMessage(), data, GOSSIP_MAX_BYTES, "gossip")
     kind = msg.WhichOneof("body")
     if kind == "digest":
         try:
@@ -610,15 +619,7 @@ def encode_model_announcement(node_id: str, fingerprint: str, alias: str, addrs:
 
 def decode_model_announcement(data: bytes, *, sender: str) -> ModelAnnouncement:
     """Validate one announcement from ``sender`` (the libp2p-signed origin)."""
-    if len(data) > MODEL_ANNOUNCEMENT_MAX_BYTES:
-        raise GossipRejected("oversized", f"{len(data)} bytes")
-    msg = pb.ModelAnnouncement()
-    try:
-        msg.ParseFromString(data)
-    except DecodeError as exc:
-        raise GossipRejected("malformed", str(exc)) from None
-    if msg.version != WIRE_VERSION:
-        raise GossipRejected("version", f"model announcement version {msg.version}")
+    msg = _parse_gossip(pb.ModelAnnouncement(), data, MODEL_ANNOUNCEMENT_MAX_BYTES, "model announcement")
     if msg.node_id != sender:
         raise GossipRejected("spoofed", f"announcement for {msg.node_id!r} signed by {sender}")
     if not _FINGERPRINT_RE.fullmatch(msg.model_fingerprint):
