@@ -151,6 +151,8 @@ class DirectoryConfig:
             raise ValueError(f"answer_holders must be in 1..{MAX_ANSWER_HOLDERS}")
         if min(self.update_interval_s, self.refresh_s, self.entry_ttl_s, self.query_timeout_s) <= 0:
             raise ValueError("intervals and timeouts must be > 0")
+        if self.entry_ttl_s <= self.refresh_s:
+            raise ValueError(f"entry_ttl_s ({self.entry_ttl_s}) must exceed refresh_s ({self.refresh_s}): entries would expire before their refresh")
         if self.refresh not in ("full", "checksum"):
             raise ValueError("refresh must be full or checksum")
         if self.placement not in PLACEMENTS:

@@ -67,6 +67,8 @@ def test_config_rejects_nonsense() -> None:
         DirectoryConfig(answer_holders=MAX_ANSWER_HOLDERS + 1)
     with pytest.raises(ValueError):
         DirectoryConfig(refresh_s=0)
+    with pytest.raises(ValueError, match="expire before their refresh"):
+        DirectoryConfig(refresh_s=100.0, entry_ttl_s=75.0)
 
 
 # -- rendezvous placement -----------------------------------------------------------
