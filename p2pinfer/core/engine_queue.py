@@ -157,7 +157,7 @@ class EngineQueue:
         is needed for the wait for a free slot, else it is reported as 0."""
         free = max(0, self.slots - self.active)
         wait = self.slot_wait_ms(now) if now is not None and not free else 0.0
-        return Load(max(0, self.queued), self.ms_per_token, self.active, self.slots, free, wait)
+        return Load(max(0, self.queued), self.ms_per_token, self.active, self.slots, free, wait, self.speed_measured)
 
     def slot_wait_ms(self, now: float) -> float:
         """How long a request arriving at ``now`` waits for a free slot (see the module docstring)."""

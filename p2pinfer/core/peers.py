@@ -66,6 +66,11 @@ class Load:
     now, from the answers being decoded (their ``max_tokens`` left at the
     measured decode speed: an upper bound, answers may end sooner). 0 when
     a slot is free."""
+    speed_measured: bool = True
+    """False while ``prefill_ms_per_token`` is the engine's calibrated prior,
+    not a measurement (a live engine before its first timed prefill): the
+    ``cost`` policy then does not compare it with peers' measured speeds
+    (see ``policies.local_speed``)."""
 
     def wait_ms(self) -> float:
         """How long a request arriving now waits before its own prefill: the

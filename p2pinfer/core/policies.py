@@ -9,9 +9,10 @@ when the chosen peer refuses (BUSY) or dies.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 import random
+import statistics
 from typing import Protocol
 
 from .peers import Load, PeerState, PeerView
@@ -31,6 +32,7 @@ __all__ = [
     "RoundRobinPolicy",
     "RouteRequest",
     "make_policy",
+    "reference_speed",
 ]
 
 LOCAL = "local"
@@ -206,21 +208,47 @@ def _eligible(view: PeerView, now: float) -> list[PeerState]:
     return [p for p in view if view.eligible(p, now)]
 
 
-def _matched_candidates(
-    estimator: TtftEstimator, request: RouteRequest, view: PeerView, now: float, spare: int
-) -> list[Candidate]:
-    """Eligible peers holding a prefix, plus the ``spare`` cheapest others.
+def reference_speed(loads: Iterable[Load]) -> float | None:
+    """The median prefill speed among ``loads`` that measured theirs (None: none did).
+
+    Why (issue 23): a fresh live node reports its engine's calibrated prior
+    (``EngineCostModel``'s, from an idle machine) until its first timed prefill,
+    while its peers report what they measured, on a loaded or slow machine
+    several times that. Comparing the prior here with a measurement there
+    made ``cost`` recompute a long prefix cold rather than forward it to the
+    peer that holds it ("no peer beats recompute here (1113.6 ms) by 55.7
+    ms" in a live two-process run). A candidate without a measurement is
+    therefore estimated at the speed its rivals measured for the same model
+    (every peer in a view serves the view's fingerprint): like with like. On
+    identical machines that is the right speed; on mixed ones it is wrong
+    for one request at most, since the node's first timed prefill replaces
+    it. With no measurement anywhere every candidate keeps its prior. A
+    start-up probe (timing a 64-token prefill) was tried instead and
+    overestimated the speed five-fold (per-call overhead, warm-up)."""
+    speeds = sorted(load.prefill_ms_per_token for load in loads if load.speed_measured)
+    return statistics.median(speeds) if speeds else None
+
+
+def _like_with_like(load: Load, reference: float | None) -> Load:
+    """``load`` with its speed set to ``reference`` when it measured none (see :func:`reference_speed`)."""
+    if load.speed_measured or reference is None:
+        return load
+    return replace(load, prefill_ms_per_token=reference)
+
+
+def _matched_peers(request: RouteRequest, view: PeerView, now: float, spare: int) -> list[tuple[PeerState, int]]:
+    """Eligible peers holding a prefix (with their match in tokens), plus the ``spare`` cheapest others.
 
     O(prompt blocks x matching peers + spare): never a scan of the view.
     """
-    out: list[Candidate] = []
+    out: list[tuple[PeerState, int]] = []
     matches = _peer_matches(request, view)
     for peer_id, match in matches.items():
         peer = view.get(peer_id)
         if peer is not None and view.eligible(peer, now):
-            out.append(_peer_candidate(estimator, request, peer, match, now))
+            out.append((peer, match))
     for peer in view.cheapest_peers(spare, now, exclude=matches.keys()):
-        out.append(_peer_candidate(estimator, request, peer, 0, now))
+        out.append((peer, 0))
     return out
 
 
@@ -229,17 +257,12 @@ def _peer_matches(request: RouteRequest, view: PeerView) -> dict[str, int]:
     return {peer: n * request.block_size for peer, n in blocks.items()}
 
 
-def _local_candidate(estimator: TtftEstimator, request: RouteRequest, local: LocalState) -> Candidate:
-    return estimator.candidate(LOCAL, request.prompt_tokens, local.match_tokens, local.load, 0.0)
-
-
-def _peer_candidate(
-    estimator: TtftEstimator, request: RouteRequest, peer: PeerState, match: int, now: float
-) -> Candidate:
+def _peer_load(estimator: TtftEstimator, peer: PeerState, now: float) -> Load:
+    """What the peer's load is believed to be now: its report, aged (see :class:`TtftEstimator`)."""
     load = peer.load
     if peer.load_at is None or now - peer.load_at > estimator.stale_load_s:
-        load = Load(0, peer.load.prefill_ms_per_token, 0, peer.load.slots, peer.load.slots)
-    elif estimator.drain_reported_queue and now > peer.load_at and load.prefill_ms_per_token > 0:
+        return replace(load, queued_prefill_tokens=0, active_requests=0, free_slots=load.slots, slot_wait_ms=0.0)
+    if estimator.drain_reported_queue and now > peer.load_at and load.prefill_ms_per_token > 0:
         elapsed_ms = (now - peer.load_at) * 1000.0
         drained = int(elapsed_ms / load.prefill_ms_per_token)
         if drained or load.slot_wait_ms:
@@ -248,10 +271,40 @@ def _peer_candidate(
                 queued_prefill_tokens=max(0, load.queued_prefill_tokens - drained),
                 slot_wait_ms=max(0.0, load.slot_wait_ms - elapsed_ms),
             )
-    rtt = estimator.default_rtt_ms if peer.rtt_ms is None else peer.rtt_ms
-    return estimator.candidate(
-        peer.peer_id, request.prompt_tokens, match, load, rtt, peer.digest_age(now)
-    )
+    return load
+
+
+def _candidates(
+    estimator: TtftEstimator,
+    request: RouteRequest,
+    local: LocalState | None,
+    peers: Sequence[tuple[PeerState, int]],
+    now: float,
+) -> tuple[list[Candidate], float | None]:
+    """The peers' candidates, then the local node's (``local``: None when it
+    cannot serve), speeds compared like with like (:func:`reference_speed`).
+    Also returns the speed given to candidates that measured none (None: no
+    candidate's speed was replaced)."""
+    loads = [(peer, match, _peer_load(estimator, peer, now)) for peer, match in peers]
+    everyone = [load for _, _, load in loads] + ([] if local is None else [local.load])
+    reference = reference_speed(everyone)
+    replaced = reference if reference is not None and not all(load.speed_measured for load in everyone) else None
+    out = [
+        estimator.candidate(
+            peer.peer_id,
+            request.prompt_tokens,
+            match,
+            _like_with_like(load, reference),
+            estimator.default_rtt_ms if peer.rtt_ms is None else peer.rtt_ms,
+            peer.digest_age(now),
+        )
+        for peer, match, load in loads
+    ]
+    if local is not None:
+        out.append(
+            estimator.candidate(LOCAL, request.prompt_tokens, local.match_tokens, _like_with_like(local.load, reference), 0.0)
+        )
+    return out, replaced
 
 
 def _decision(name: str, ranked: list[Candidate], reason: str) -> Decision:
@@ -271,10 +324,8 @@ def _all_candidates(
     estimator: TtftEstimator, request: RouteRequest, local: LocalState, view: PeerView, now: float
 ) -> list[Candidate]:
     matches = _peer_matches(request, view)
-    out = [_peer_candidate(estimator, request, p, matches.get(p.peer_id, 0), now) for p in _eligible(view, now)]
-    if local.can_serve:
-        out.append(_local_candidate(estimator, request, local))
-    return out
+    peers = [(p, matches.get(p.peer_id, 0)) for p in _eligible(view, now)]
+    return _candidates(estimator, request, local if local.can_serve else None, peers, now)[0]
 
 
 # -- policies -------------------------------------------------------------------
@@ -290,7 +341,9 @@ class CostPolicy:
     contention: see :class:`TtftEstimator`) it serves locally and degrades to
     ``local``.
     Among near-ties it picks at random (weighted towards the cheaper) so
-    that many origins do not herd onto one peer.
+    that many origins do not herd onto one peer. A candidate that has not
+    measured its speed yet (a fresh node, itself included) is estimated at
+    its rivals' measured speed (:func:`reference_speed`).
     """
 
     estimator: TtftEstimator = field(default_factory=TtftEstimator)
@@ -304,9 +357,9 @@ class CostPolicy:
         self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
     ) -> Decision:
         # Unmatched peers can only win on queue time; a few cheapest suffice.
-        cands = _matched_candidates(self.estimator, request, view, now, self.spare_peers)
-        if local.can_serve:
-            cands.append(_local_candidate(self.estimator, request, local))
+        peers = _matched_peers(request, view, now, self.spare_peers)
+        cands, borrowed = _candidates(self.estimator, request, local if local.can_serve else None, peers, now)
+        speed_note = "" if borrowed is None else f"; unmeasured speeds taken as {borrowed:.2f} ms/token (median measured)"
         ranked = sorted(self.estimator.weigh_work(cands), key=lambda c: (c.score, c.target))
         if not ranked:
             raise NoCandidateError("no peer can serve and this node has no engine")
@@ -320,7 +373,7 @@ class CostPolicy:
                 return _decision(
                     self.name,
                     [local_c, *rest],
-                    f"local: no peer beats recompute here ({local_c.est_ttft_ms:.1f} ms) by {margin:.1f} ms",
+                    f"local: no peer beats recompute here ({local_c.est_ttft_ms:.1f} ms) by {margin:.1f} ms{speed_note}",
                 )
             worse = [c for c in ranked if c.target != LOCAL and c.score + margin >= local_c.score]
             ranked = better + [local_c] + worse
@@ -340,6 +393,7 @@ class CostPolicy:
             f"(rtt {chosen.rtt_ms:.1f} + queue {chosen.queue_ms:.1f} + prefill {chosen.prefill_ms:.1f}), "
             f"match {chosen.predicted_match_tokens}/{request.prompt_tokens} tokens"
             + (f", {len(ties)} near-ties" if len(ties) > 1 else "")
+            + speed_note
         )
         return _decision(self.name, ranked, reason)
 
@@ -362,9 +416,8 @@ class PaperPolicy:
     def decide(
         self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
     ) -> Decision:
-        cands = _matched_candidates(self.estimator, request, view, now, spare=3)
-        if local.can_serve:
-            cands.append(_local_candidate(self.estimator, request, local))
+        peers = _matched_peers(request, view, now, spare=3)
+        cands = _candidates(self.estimator, request, local if local.can_serve else None, peers, now)[0]
         if not cands:
             raise NoCandidateError("no peer can serve and this node has no engine")
         best_match = max(c.predicted_match_tokens for c in cands)

@@ -436,6 +436,7 @@ def load_to_pb(
         reachability=_REACHABILITY_VALUES.get(reachability, pb.REACHABILITY_UNKNOWN),
         relay_addrs=list(relay_addrs)[:MAX_RELAY_ADDRS],
         relay_service=relay_service,
+        prefill_speed_unmeasured=not load.speed_measured,
     )
 
 
@@ -468,7 +469,10 @@ def load_from_pb(msg: pb.LoadReport, *, sender: str, fingerprint: str) -> LoadIn
         slots, free, wait = 1, (0 if msg.active_requests else 1), 0.0
     return LoadInfo(
         node_id=sender,
-        load=Load(msg.queued_prefill_tokens, ms, msg.active_requests, slots, free, wait),
+        load=Load(
+            msg.queued_prefill_tokens, ms, msg.active_requests, slots, free, wait,
+            speed_measured=not msg.prefill_speed_unmeasured,
+        ),
         busy=msg.busy,
         epoch=msg.epoch,
         digest_version=msg.digest_version,

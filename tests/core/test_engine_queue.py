@@ -58,10 +58,12 @@ def test_a_guessed_speed_is_replaced_by_the_first_timed_prefill_and_short_ones_a
     q.start(t, 18)
     q.prefilled(t, 15, ms_per_token=1.0)
     assert q.ms_per_token == 4.35  # 15 tokens: fixed costs dominate
+    assert not q.load().speed_measured  # its load report says the speed is the prior
     t2 = q.admit(list(range(50)), cached=0)
     q.start(t2, 0)
     q.prefilled(t2, 50, ms_per_token=2.0)
     assert q.ms_per_token == 2.0 and q.speed_measured
+    assert q.load().speed_measured and q.load().prefill_ms_per_token == 2.0
 
 
 def test_slots_bound_what_runs_at_once() -> None:

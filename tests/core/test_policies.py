@@ -221,3 +221,69 @@ def test_cost_prefers_a_free_slot_with_the_prefix_over_queueing_behind_a_long_an
     assert pick(0.0) == "four"
     # the same peers when the long answer is about to end: the longer prefix wins again
     assert pick(9.99) == "one"
+
+
+# -- like with like: a fresh node's prior against peers' measured speeds (issue 23) --------------
+
+
+PRIOR_MS = 4.58
+"""The calibrated prior a live engine reports before its first timed prefill."""
+
+
+def _speed_view(peers: dict[str, tuple[int, float, bool]]) -> PeerView:
+    """peers: id -> (matched blocks, reported ms/token, whether that speed is measured); RTT 1 ms."""
+    view = PeerView(FP.hex(), "me")
+    for peer, (blocks, ms, measured) in peers.items():
+        view.apply_digest(Digest("full", peer, FP.hex(), 1, 0, frozenset(HASHES[:blocks])), 0.0)
+        view.update_load(peer, Load(0, ms, speed_measured=measured), 0.0)
+        view.set_rtt(peer, 1.0, 0.0)
+    return view
+
+
+def test_fresh_node_compares_recompute_at_the_peers_measured_speed() -> None:
+    """The live failure: the entry node has not timed a prefill yet (it reports
+    the 4.58 ms/token prior) and its peer, on the same loaded machine,
+    measured 22 ms/token and holds 640 of the 1,024 prompt tokens. At the
+    prior, recomputing here (1,024 x 4.58 = 4.7 s) looks cheaper than the
+    holder's 384 x 22 = 8.4 s, so the old rule recomputed cold; at the speed
+    measured for the same model it costs 22.5 s and the request goes to the
+    holder."""
+    view = _speed_view({"holder": (40, 22.0, True)})
+    fresh = LocalState("me", 0, Load(0, PRIOR_MS, speed_measured=False))
+    d = decide("cost", view, fresh)
+    assert d.target == "holder" and d.predicted_match_tokens == 640
+    local_c = next(c for c in d.candidates if c.target == LOCAL)
+    assert local_c.prefill_ms == pytest.approx(1024 * 22.0)
+    assert "unmeasured speeds taken as 22.00 ms/token" in d.reason
+    # Once it has measured its own speed, that is what it uses: a node that
+    # really is 4.58 ms/token recomputes here.
+    d = decide("cost", view, LocalState("me", 0, Load(0, PRIOR_MS)))
+    assert d.target == LOCAL and "unmeasured" not in d.reason
+
+
+def test_unmeasured_speed_is_the_median_of_the_measured_ones() -> None:
+    # each holds a block, so all four are candidates (not only the 3 cheapest spare peers)
+    view = _speed_view({"a": (1, 10.0, True), "b": (1, 30.0, True), "c": (1, 20.0, True), "new": (1, PRIOR_MS, False)})
+    fresh = LocalState("me", 0, Load(0, PRIOR_MS, speed_measured=False))
+    d = decide("cost", view, fresh)
+    by_target = {c.target: c.prefill_ms for c in d.candidates}
+    assert by_target[LOCAL] == pytest.approx(1024 * 20.0)
+    assert by_target["new"] == pytest.approx(1008 * 20.0)  # an unmeasured peer is not the fastest either
+    assert by_target["a"] == pytest.approx(1008 * 10.0)
+
+
+def test_measured_node_does_not_send_cold_work_to_a_fresh_peer_for_its_prior() -> None:
+    """The mirror case: this node measured 22 ms/token; a fresh peer holding
+    nothing still reports the prior. At face value the peer would look five
+    times faster and take every cold request; like with like it does not."""
+    view = _speed_view({"fresh": (0, PRIOR_MS, False)})
+    d = decide("cost", view, LocalState("me", 0, Load(0, 22.0)))
+    assert d.target == LOCAL
+
+
+def test_without_any_measurement_every_candidate_keeps_its_prior() -> None:
+    view = _speed_view({"holder": (40, PRIOR_MS, False)})
+    d = decide("cost", view, LocalState("me", 0, Load(0, PRIOR_MS, speed_measured=False)))
+    local_c = next(c for c in d.candidates if c.target == LOCAL)
+    assert local_c.prefill_ms == pytest.approx(1024 * PRIOR_MS)
+    assert d.target == "holder" and "unmeasured" not in d.reason

@@ -139,6 +139,16 @@ def test_load_reports_carry_slots_and_read_a_report_without_them_as_one_slot():
     assert (info.load.slots, info.load.free_slots, info.load.slot_wait_ms) == (1, 0, 0.0)
 
 
+def test_load_reports_say_whether_the_speed_is_measured_and_read_an_older_report_as_measured():
+    for measured in (True, False):
+        sent = Load(0, 4.58, 0, speed_measured=measured)
+        info = decode_gossip(encode_gossip_load(load_to_pb(PEER, FP, sent, False, 1, 1, [])), sender=PEER, fingerprint=FP)
+        assert info.load.speed_measured is measured
+    old = pb.LoadReport(node_id=PEER, model_fingerprint=FP, prefill_ms_per_token=9.0, slots=1, free_slots=1, epoch=1)
+    info = decode_gossip(encode_gossip_load(old), sender=PEER, fingerprint=FP)
+    assert info.load.speed_measured  # a node from before issue 23 reported only what it had
+
+
 @pytest.mark.parametrize(
     ("payload", "reason"),
     [
