@@ -58,6 +58,8 @@ class NodeStatus:
                     "digest_age_s": state.digest_age(now),
                     "cached_blocks": len(state.hashes),
                     "queued_prefill_tokens": state.load.queued_prefill_tokens,
+                    "prefill_ms_per_token": state.load.prefill_ms_per_token,
+                    "speed_measured": state.load.speed_measured,
                     "active_requests": state.load.active_requests,
                     "slots": state.load.slots,
                     "free_slots": state.load.free_slots,
@@ -80,6 +82,7 @@ class NodeStatus:
             "load": {
                 "queued_prefill_tokens": load.queued_prefill_tokens,
                 "prefill_ms_per_token": load.prefill_ms_per_token,
+                "speed_measured": load.speed_measured,
                 "active_requests": load.active_requests,
                 "slots": load.slots,
                 "free_slots": load.free_slots,

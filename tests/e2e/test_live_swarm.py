@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 import re
 import signal
@@ -130,3 +131,90 @@ def test_demo_keep_leaves_the_swarm_and_its_dashboards_up_until_ctrl_c(tmp_path:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+_WORDS = (
+    "river stone garden window market silver morning paper engine forest winter letter bridge orange "
+    "castle doctor island pocket rabbit ladder circle thunder pencil harbor candle meadow button violin "
+    "saddle lantern cotton planet basket mirror feather anchor jacket valley copper tunnel velvet meteor"
+).split()
+
+
+def _words(n: int, seed: int) -> str:
+    """``n`` common words, each one token or more (a leading space, no punctuation)."""
+    import random
+
+    rng = random.Random(seed)
+    return "".join(" " + rng.choice(_WORDS) for _ in range(n))
+
+
+def _status(url: str) -> dict:
+    return httpx.get(url + "/status", timeout=30).json()
+
+
+def _peer(status: dict, peer_id: str) -> dict | None:
+    return next((p for p in status["peers"] if p["peer_id"] == peer_id), None)
+
+
+def test_cost_forwards_a_long_prefix_from_a_fresh_entry_node_to_its_holder(tmp_path: Path) -> None:
+    """``cost`` in two real processes: a request entering at B, which holds
+    nothing, goes to A, which holds its long prefix, and A really reuses
+    what B predicted.
+
+    B is fresh (it has timed no prefill, so it reports the engine's prior)
+    while A has measured its speed: the case issue 23 fixed, where B used to
+    compare its prior with A's measurement and recompute cold ("no peer
+    beats recompute here"), and where A, at its measured speed, sent the
+    prefix's own first request cold to B for B's prior. The prefix is
+    sized from quantities measured here, not from this machine's speed: long
+    enough that recomputing it at A's measured prefill speed costs
+    ``RATIO`` times the round trip B measured to A (plus the policy's 2 ms
+    tie floor), so that forwarding must win on a GPU build (fast prefill:
+    a longer prefix) and on a loaded box alike.
+    """
+    RATIO = 4.0
+    args = ["--threads", "1"]
+    with LocalSwarm(2, engine="llama-cpp", policy="cost", node_args=args, workdir=tmp_path / "swarm") as swarm:
+        swarm.wait_connected()
+        a, b = swarm.nodes
+        # A times a prefill of its own (nothing B's request shares): its measured speed.
+        warm = _complete(a.http, _words(160, seed=1))
+        assert warm["served_by"] == a.peer_id
+        deadline = time.monotonic() + 60
+        while True:  # B has A's measured speed and a measured round trip to A
+            seen = _peer(_status(b.http), a.peer_id)
+            if seen and seen["speed_measured"] and seen["rtt_ms"] is not None:
+                break
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.2)
+        ms_per_token, rtt_ms = seen["prefill_ms_per_token"], seen["rtt_ms"]
+        assert not _status(b.http)["load"]["speed_measured"]  # B is fresh
+        block = 16
+        context = int(_status(a.http)["engine"]["context_size"])
+        header = max(8 * block, block * math.ceil(RATIO * (rtt_ms + 2.0) / ms_per_token / block))
+        # The request is the header plus as much again of its own: at most half of it is held.
+        assert 2 * header + 64 <= context, (
+            f"prefill at {ms_per_token:.4f} ms/token against a {rtt_ms:.3f} ms round trip needs a "
+            f"{header}-token prefix: more than a {context}-token context holds twice"
+        )
+        shared = _words(header, seed=2)
+        held = _complete(a.http, shared + _words(32, seed=3))
+        assert held["served_by"] == a.peer_id and held["reused_tokens"] == 0
+        a_blocks = _status(a.http)["digest"]["blocks"]
+        deadline = time.monotonic() + 60
+        while True:  # B's view of A holds A's whole digest, and A's report that it is idle again
+            seen = _peer(_status(b.http), a.peer_id)
+            if seen and seen["cached_blocks"] >= a_blocks and not seen["queued_prefill_tokens"] and not seen["active_requests"]:
+                break
+            assert time.monotonic() < deadline, (seen, a_blocks)
+            time.sleep(0.2)
+        forwarded = _complete(b.http, shared + _words(header, seed=4))
+        rtt_ms = _peer(_status(b.http), a.peer_id)["rtt_ms"]
+    saving_ms = forwarded["predicted_reused_tokens"] * ms_per_token
+    assert saving_ms >= RATIO * rtt_ms, (saving_ms, rtt_ms)  # the premise, measured in this run
+    assert forwarded["served_by"] == a.peer_id, forwarded["reason"]
+    assert forwarded["hops"] == 1 and not forwarded["served_locally"]
+    # Predicted: the header's whole blocks (its tokens are at least its words).
+    assert forwarded["predicted_reused_tokens"] >= block * ((header - 1) // block)
+    # Realised, by A's engine: at least what B predicted from A's digest.
+    assert forwarded["reused_tokens"] >= forwarded["predicted_reused_tokens"]
