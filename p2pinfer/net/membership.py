@@ -141,6 +141,7 @@ class Membership:
         self_id: str,
         on_meet: Callable[[str], None],
         on_gone: Callable[[str], Awaitable[None]],
+        on_disconnected: Callable[[str], None] | None = None,
         connect: Callable[[str, bool], Awaitable[None]] | None = None,
         relayed_peers: Callable[[], int] = lambda: 0,
         path_of_stream: Callable[[str, INetStream], str | None] | None = None,
@@ -153,6 +154,8 @@ class Membership:
         self.self_id = self_id
         self._on_meet = on_meet
         self._on_gone = on_gone
+        self._on_disconnected = on_disconnected
+        """Called for every peer whose last connection closed, in our model's view or not."""
         self._connect = connect
         """Direct dial, then through the peer's relays when allowed (:class:`.paths.Connector`)."""
         self._relayed_peers = relayed_peers
@@ -376,6 +379,8 @@ class Membership:
             lost = self._connected - live
             self._connected = live
             for peer_id in lost:
+                if self._on_disconnected is not None:
+                    self._on_disconnected(peer_id)
                 self._probes.pop(peer_id, None)
                 stream = self._ping_streams.pop(peer_id, None)
                 if stream is not None:

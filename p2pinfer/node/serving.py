@@ -143,6 +143,14 @@ class NodeServing:
         logprobs: list[Any] = []
         ttft: float | None = None
         record: GenerationRecord | None = None
+
+        def accept(chunk: TokenChunk, ttft: float | None) -> float:
+            """A chunk the client gets (streamed, or released after its check): the answer so far grows."""
+            out.extend(chunk.token_ids)
+            text.append(chunk.text)
+            logprobs.extend(chunk.logprobs)
+            return ttft if ttft is not None else time.perf_counter() - t0
+
         actions = deque(life.start())
         while actions:
             action = actions.popleft()
@@ -196,11 +204,7 @@ class NodeServing:
                             if check == "hold":
                                 held.append(item)
                                 continue
-                            if ttft is None:
-                                ttft = time.perf_counter() - t0
-                            out.extend(item.token_ids)
-                            text.append(item.text)
-                            logprobs.extend(item.logprobs)
+                            ttft = accept(item, ttft)
                             generated += len(item.token_ids)
                             yield item
                         elif isinstance(item, Done):
@@ -229,11 +233,7 @@ class NodeServing:
                         event = AttemptDone(record.reused_tokens, generated, wrong=verdict.reason)
                     self.counters.answers_checked[life.current.check] += 1
                     for chunk in held[:release]:
-                        if ttft is None:
-                            ttft = time.perf_counter() - t0
-                        out.extend(chunk.token_ids)
-                        text.append(chunk.text)
-                        logprobs.extend(chunk.logprobs)
+                        ttft = accept(chunk, ttft)
                         generated += len(chunk.token_ids)
                         yield chunk
                     if isinstance(event, AttemptDone):

@@ -191,6 +191,7 @@ class Node(NodeDiscovery, NodeServing, NodeStatus, NodeNat):
             self_id=self.peer_id,
             on_meet=self._on_meet,
             on_gone=self.forward_client.drop_peer,
+            on_disconnected=self.swarm_models.forget,
             connect=lambda peer, allow_relay: self.connector.ensure(peer, allow_relay=allow_relay),
             relayed_peers=lambda: sum(1 for path in self.paths.paths.values() if path == "relayed"),
             path_of_stream=self._path_of_stream,

@@ -113,3 +113,19 @@ async def test_no_node_serving_the_model_is_model_unavailable():
         assert a.swarm_models.resolve("ghost-model", _now()) == "beef"
         with pytest.raises(ModelUnavailable, match="ghost-model"):
             await a.complete("hi", max_tokens=2, model="beef")
+
+
+async def test_a_node_whose_connection_closes_stops_counting_at_once_not_after_the_ttl():
+    """Model announcements are slow (a minute) so that an idle swarm stays
+    quiet (issue 14); a node that leaves is dropped from the model table when
+    its connection closes, long before the 2.5-interval TTL."""
+    async with Node(other()) as a:
+        ttl = a.swarm_models.ttl_s
+        assert ttl == 2.5 * a.router.config.gossip.model_interval_s
+        async with Node(fast_config(bootstrap=(a.addrs[0],))) as b:
+            fp_b = b.router.fingerprint_hex
+            await wait_for(lambda: a.swarm_models.serving(fp_b, _now()) == [b.peer_id], 10)
+            await wait_for(lambda: b.peer_id in a.membership.connected(), 10)
+        left = trio.current_time()
+        await wait_for(lambda: a.swarm_models.serving(fp_b, _now()) == [], ttl / 10)
+        assert trio.current_time() - left < ttl / 10
