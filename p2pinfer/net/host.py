@@ -52,6 +52,7 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
+from ..core.router import MESH_DEGREE
 from .config import ConfigError, NodeConfig
 from . import libp2p_patches
 from .counters import NodeCounters
@@ -221,9 +222,9 @@ def build_stack(config: NodeConfig, key_pair: KeyPair, topic: str, counters: Nod
     )
     gossipsub = GossipSub(
         protocols=[PROTOCOL_ID_V11, PROTOCOL_ID],  # no v1.2: see the module docstring
-        degree=6,
-        degree_low=4,
-        degree_high=12,
+        degree=MESH_DEGREE,
+        degree_low=MESH_DEGREE - 1,
+        degree_high=MESH_DEGREE + 1,
         time_to_live=30,
         heartbeat_initial_delay=0.1,
         heartbeat_interval=HEARTBEAT_S,

@@ -46,6 +46,8 @@ import statistics
 
 import xxhash
 
+from ..core.router import MESH_DEGREE
+
 __all__ = [
     "DEFAULT_ENVELOPE_BYTES",
     "gossip_envelope_bytes",
@@ -60,7 +62,8 @@ __all__ = [
     "parse_latency",
 ]
 
-DEFAULT_MESH_DEGREE = 6
+DEFAULT_MESH_DEGREE = MESH_DEGREE
+"""The live node's gossipsub D (:data:`p2pinfer.core.router.MESH_DEGREE`)."""
 TOPIC_CHARS = len("/p2pinfer/digest/1/") + 64
 """``p2pinfer.net.host.digest_topic``: a prefix and the model fingerprint in hex."""
 

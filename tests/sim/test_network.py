@@ -26,8 +26,11 @@ def test_latency_models() -> None:
 
 
 def test_mesh_model() -> None:
-    assert [mesh_hops(n) for n in (2, 7, 8, 37, 38, 1024)] == [1, 1, 2, 2, 3, 4]
-    assert [gossip_copies(n) for n in (2, 4, 7, 1024)] == [1, 3, 6, 6]
+    assert [mesh_hops(n, 6) for n in (2, 7, 8, 37, 38, 1024)] == [1, 1, 2, 2, 3, 4]
+    assert [gossip_copies(n, 6) for n in (2, 4, 7, 1024)] == [1, 3, 6, 6]
+    # The default is the live node's gossipsub D (3).
+    assert [mesh_hops(n) for n in (2, 4, 5, 10, 11, 1024)] == [1, 1, 2, 2, 3, 7]
+    assert [gossip_copies(n) for n in (2, 3, 4, 1024)] == [1, 2, 3, 3]
 
 
 def test_wire_sizes_match_the_generated_protobuf() -> None:
