@@ -74,6 +74,28 @@ def relay_of(conn: Any) -> str | None:
     return None
 
 
+_IP_ATTR = "_p2pinfer_remote_ip"
+
+
+def remote_ip(conn: Any) -> str | None:
+    """The IP address at the other end of a direct connection (``None`` when
+    not known yet, or relayed); cached on the connection like :func:`is_relayed`."""
+    cached = getattr(conn, _IP_ATTR, None)
+    if cached is not None:
+        return cached or None
+    for addr in _addrs(conn):
+        if "/p2p-circuit" in addr:
+            break
+        parts = addr.split("/")
+        if len(parts) > 2 and parts[1] in ("ip4", "ip6"):
+            try:
+                setattr(conn, _IP_ATTR, parts[2])
+            except AttributeError:
+                pass
+            return parts[2]
+    return None
+
+
 def swarm_conn_of(host: IHost, stream: INetStream) -> INetConn | None:
     """The swarm connection a stream runs on."""
     muxed = getattr(stream, "muxed_conn", None)

@@ -49,7 +49,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from .connections import connections_of, is_relayed, open_stream_on, swarm_conn_of
+from .connections import connections_of, is_relayed, open_stream_on, remote_ip, swarm_conn_of
 from .counters import NodeCounters
 from .framing import FrameError, FrameReader, finish_stream, write_frame
 from .wire import (
@@ -191,12 +191,22 @@ class Reachability:
                 await self.check()
 
     def _candidates(self) -> list[str]:
-        """Peers with a direct connection (a relayed request is refused by spec and by us)."""
+        """Peers with a direct connection (a relayed request is refused by spec and by us).
+
+        Once one peer has answered ``lan``, peers that reach us over a LAN
+        address are left out: they can only answer ``lan`` again. Asking each
+        of them in turn cost every node of a LAN or loopback swarm a fresh
+        connection and Noise handshake per peer, quadratic in the swarm's
+        size while it formed (issue 14)."""
+        lan_known = any(v.result == "lan" for v in self.verdicts.values())
         out = []
         for pid in self.host.get_connected_peers():
-            conns = connections_of(self.host, pid)
-            if any(not is_relayed(c) for c in conns):
-                out.append(pid.to_base58())
+            direct = [c for c in connections_of(self.host, pid) if not is_relayed(c)]
+            if not direct:
+                continue
+            if lan_known and all(is_lan_ip(remote_ip(c) or "") for c in direct):
+                continue
+            out.append(pid.to_base58())
         return out
 
     async def check(self) -> str:

@@ -101,3 +101,20 @@ def test_lan_addresses_decide_nothing():
     # The NAT testbed's WAN (TEST-NET-2) and any internet address are not LAN addresses.
     for ip in ("198.51.100.10", "8.8.8.8", "2001:db8::1"):
         assert not is_lan_ip(ip), ip
+
+
+async def test_after_one_lan_answer_lan_peers_are_not_asked_again():
+    """A peer that reaches us over a LAN address can only answer ``lan``: once
+    one has, a LAN (here loopback) swarm stops dialling itself back, while a
+    node with no verdict yet still asks."""
+    async with Node(fast_config()) as b, Node(fast_config(bootstrap=(b.addrs[0],))) as c, \
+            Node(fast_config(bootstrap=(b.addrs[0],))) as a:
+        await wait_for(lambda: {b.peer_id, c.peer_id} <= set(a.reachability._candidates()), 10)
+        a.reachability.verdicts.clear()
+        assert {b.peer_id, c.peer_id} <= set(a.reachability._candidates())
+        assert await a.reachability.check() == "unknown"
+        asked = sum(a.counters.reachability_checks.values())
+        assert asked >= 1 and any(v.result == "lan" for v in a.reachability.verdicts.values())
+        assert a.reachability._candidates() == []
+        await a.reachability.check()  # nobody left to ask: no dial-back
+        assert sum(a.counters.reachability_checks.values()) == asked
