@@ -149,7 +149,7 @@ class NodeConfig:
     stream_idle_s: float = 30.0
     """Idle forwarding streams are closed after this (the serving side waits twice as long)."""
     rtt_interval_s: float = 2.0
-    """RTT probes of a new peer (or one whose RTT moved, or whose probe failed) this often."""
+    """RTT probes of a new peer this often; the shortest interval (a probe off the smoothed RTT, or failed, halves the wait down to this)."""
     rtt_max_interval_s: float = 30.0
     """RTT probes back off, doubling, to this interval while a peer's RTT is stable."""
     discovery: str = "gossip"
