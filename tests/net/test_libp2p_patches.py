@@ -66,3 +66,34 @@ async def test_yamux_credits_a_sender_once_per_half_window_and_never_stalls_it(m
         assert all(inc >= 128 << 10 for inc in credited), credited
         assert len(got) == 500 * 100 + (1 << 20)
         await stream.close()
+
+
+async def test_pubsub_builds_the_signed_peer_record_at_most_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record pubsub attaches comes from a copy at most ENVELOPE_TTL_S old:
+    many RPCs, one address listing; after the TTL a fresh one (a changed address)."""
+    import libp2p.pubsub.pubsub as pubsub_mod
+
+    async with Node(fast_config()) as node:
+        assert "signed peer record once a second" in libp2p_patches.applied()
+        cached = pubsub_mod.env_to_send_in_RPC
+        listed = 0
+        get_addrs = node.host.get_addrs
+
+        def counting_get_addrs() -> Any:
+            nonlocal listed
+            listed += 1
+            return get_addrs()
+
+        monkeypatch.setattr(node.host, "get_addrs", counting_get_addrs)
+        with monkeypatch.context() as frozen:  # time stands still between the calls, then runs again
+            clock = [libp2p_patches.time.monotonic() + 60.0]  # past any copy made while the node started
+            frozen.setattr(libp2p_patches.time, "monotonic", lambda: clock[0])
+            first, _ = cached(node.host)
+            for _ in range(50):
+                assert cached(node.host)[0] == first
+            assert listed == 1
+            clock[0] += libp2p_patches.ENVELOPE_TTL_S
+            cached(node.host)
+            assert listed == 2
+        # The original still answers the same record for the same addresses.
+        assert cached.original(node.host)[0] == first
