@@ -58,6 +58,12 @@ _MAX_BACKOFF_S = 30.0
 _FORGET_AFTER_FAILURES = 6
 _PING_BYTES = 32
 _PEERSTORE_TTL_S = 600
+_PING_STREAM_IDLE_S = 8.0
+"""A ping stream is kept for the next probe only if it comes sooner than
+this: py-libp2p's ping handler closes a stream idle for 10 s
+(``libp2p.host.ping.RESP_TIMEOUT``), so a probe backed off past that found
+its stream closed, failed, and was rescheduled as if the peer had jittered:
+the probes never backed off (issue 14)."""
 _RTT_STABLE = (1.0, 10.0)
 """A sample within 100 % or 10 ms of the smoothed RTT counts as stable: what
 routing weighs against prefill (milliseconds per token) barely moves with
@@ -459,6 +465,12 @@ class Membership:
             self._probed(peer_id, rtt_ms)
             if rtt_ms is not None and peer_id in self.router.view:
                 self.router.view.set_rtt(peer_id, rtt_ms, time.monotonic())
+        probe = self._probes.get(peer_id)
+        if probe is not None and probe.interval >= _PING_STREAM_IDLE_S:
+            # The responder would close it before the next probe: the next one opens its own.
+            stream = self._ping_streams.pop(peer_id, None)
+            if stream is not None:
+                await finish_stream(stream, True)
 
     async def _measure_rtt(self, peer_id: str) -> float | None:
         stream = self._ping_streams.get(peer_id)
