@@ -77,6 +77,8 @@ def _routing_facts(result: GenerateResult) -> dict[str, Any]:
         # The serving engine's own timing: waiting for it, then restore + prefill to the first token.
         "engine_queue_ms": round(result.record.queue_s * 1000, 3),
         "engine_prefill_ms": round(max(0.0, result.record.ttft_s - result.record.queue_s) * 1000, 3),
+        # After the last token: evaluating the reply again and saving it for the next turn (0: not cached).
+        "reply_save_ms": float(result.record.extra.get("reply_save_ms", 0.0)),
         "attempts": [a.as_dict() for a in result.attempts],
     }
 

@@ -116,6 +116,7 @@ def _run_swarm(
                 "prompt_tokens": facts["prompt_tokens"], "reused_tokens": facts["reused_tokens"],
                 "completion_tokens": out.usage.completion_tokens, "finish_reason": out.choices[0].finish_reason,
                 "ttft_ms": facts["ttft_ms"], "engine_prefill_ms": facts["engine_prefill_ms"],
+                "reply_save_ms": facts["reply_save_ms"],
                 "previous_turn_tokens": available,
                 "reuse_of_previous_turn": round(min(1.0, facts["reused_tokens"] / available), 4) if available else None,
                 "prompt_ids": prompt,
@@ -131,12 +132,22 @@ def _run_swarm(
     return {"reply_cache": reply_cache, "turns": rows, "engines": described}
 
 
-def _by_turn(rows: Sequence[dict[str, Any]], key: str) -> dict[str, float | None]:
+def _by_turn(rows: Sequence[dict[str, Any]], key: str, how: Any = statistics.fmean) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for t in sorted({r["turn"] for r in rows}):
         vals = [r[key] for r in rows if r["turn"] == t and r.get(key) is not None]
-        out[str(t)] = round(statistics.fmean(vals), 4) if vals else None
+        out[str(t)] = round(how(vals), 4) if vals else None
     return out
+
+
+def _reply_save(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The time each serving engine spent caching its reply after the last token (0: not cached)."""
+    vals = [r["reply_save_ms"] for r in rows if r.get("reply_save_ms") is not None]
+    return {
+        "reply_save_ms_median": round(statistics.median(vals), 3) if vals else None,
+        "reply_save_ms_range": [min(vals), max(vals)] if vals else None,
+        "reply_save_ms_by_turn": _by_turn(rows, "reply_save_ms", statistics.median),
+    }
 
 
 def _summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -156,6 +167,7 @@ def _summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "turns_2plus": len(later),
         "completion_tokens_mean": round(statistics.fmean(r["completion_tokens"] for r in rows), 1),
         "prompt_tokens_mean_turns_2plus": round(statistics.fmean(r["prompt_tokens"] for r in later), 1) if later else None,
+        **_reply_save(rows),
     }
 
 

@@ -57,6 +57,9 @@ def test_the_second_turn_at_the_other_node_goes_to_the_holder_and_reuses_prompt_
         # Prompt and reply came from the holder's cache (the engine's own count), less one block at most.
         assert again["reused_tokens"] >= previous - 16, (again, previous)
         assert second.usage.prompt_tokens_details.cached_tokens == again["reused_tokens"]
+        # Caching each reply took the serving engine some time after its last token, reported whether
+        # the request was served where it entered or forwarded (the second one was).
+        assert facts["reply_save_ms"] > 0 and again["reply_save_ms"] > 0, (facts, again)
         status = httpx.get(holder.http + "/status", timeout=10).json()["engine"]
         assert status["reply_cache"] is True and status["replies_cached"] >= 1
     # The same second turn cold, in a fresh process without reply caching: the same greedy tokens.
@@ -65,6 +68,7 @@ def test_the_second_turn_at_the_other_node_goes_to_the_holder_and_reuses_prompt_
         node = cold_swarm.nodes[0]
         cold = _client(node).chat.completions.create(model=model, messages=history, max_tokens=16, temperature=0)
         assert cold.model_extra["p2pinfer"]["reused_tokens"] == 0
+        assert cold.model_extra["p2pinfer"]["reply_save_ms"] == 0  # nothing was cached, nothing spent
         assert httpx.get(node.http + "/status", timeout=10).json()["engine"]["replies_cached"] == 0
     assert second.choices[0].message.content == cold.choices[0].message.content
     assert cold.choices[0].message.content

@@ -102,6 +102,16 @@ def test_response_round_trip():
     assert isinstance(err, RemoteError) and (err.code, err.message, err.peer) == ("BUSY", "queue full", PEER)
 
 
+def test_the_reply_save_time_travels_with_the_final_record():
+    # The llama.cpp engine's record says how long caching the reply took; the origin reports it too.
+    record = GenerationRecord(10, 8, 2, 0.01, 0.02, "stop", 0.001, extra={"reply_save_ms": 12.5, "slot": 1})
+    done = decode_response(encode_done(record, ME))
+    assert isinstance(done, Done) and done.record.extra == {"reply_save_ms": 12.5}
+    bad = pb.GenerateResponse(version=2, done=pb.GenerateDone(reply_save_s=-1.0, finish_reason="stop"))
+    with pytest.raises(WireError, match="timings"):
+        decode_response(bad.SerializeToString())
+
+
 def test_lying_final_records_are_rejected():
     bad = pb.GenerateResponse(version=2, done=pb.GenerateDone(prompt_tokens=4, reused_tokens=9, finish_reason="stop"))
     with pytest.raises(WireError, match="reused_tokens"):
