@@ -36,7 +36,7 @@ The wire format is versioned, size-limited and strictly decoded
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 import hashlib
 import math
 import struct
@@ -47,7 +47,7 @@ import cbor2
 import xxhash
 
 from .blocks import BlockHasher
-from .peers import Load, PeerState, PeerView
+from .peers import MAX_REPORTED_SLOT_WAIT_MS, MAX_REPORTED_SLOTS, Load, PeerState, PeerView
 from .radix import TreeEvent
 from .strict_cbor import loads_strict
 
@@ -86,7 +86,9 @@ __all__ = [
     "xor_of",
 ]
 
-DIRECTORY_SCHEMA = 1
+DIRECTORY_SCHEMA = 2
+"""2: loads carry the slot fields of continuous batching (slots, free slots, wait for one) and
+whether the prefill speed is measured."""
 MAX_REGISTER_HASHES = 1 << 16
 """Most block hashes in one register message (1 M tokens at block size 16)."""
 MAX_REGISTER_ANCHORS = 4096
@@ -561,8 +563,18 @@ def _unpack(raw: object, what: str, limit: int, ordered: bool = False) -> tuple[
     return values
 
 
+LOAD_FIELDS = 7
+"""A load in a directory message: ``[queued, ms_per_token, active, slots, free_slots, slot_wait_ms,
+speed_measured]``, the fields of the gossiped ``LoadReport`` (docs/protocol.md)."""
+
+
 def _load_fields(load: Load) -> list[Any]:
-    return [load.queued_prefill_tokens, float(load.prefill_ms_per_token), load.active_requests]
+    slots = min(max(1, load.slots), MAX_REPORTED_SLOTS)
+    return [
+        load.queued_prefill_tokens, float(load.prefill_ms_per_token), load.active_requests,
+        slots, min(max(0, load.free_slots), slots), float(min(max(0.0, load.slot_wait_ms), MAX_REPORTED_SLOT_WAIT_MS)),
+        bool(load.speed_measured),
+    ]
 
 
 def encode_message(msg: Message) -> bytes:
@@ -629,13 +641,21 @@ def _list(value: object, what: str, limit: int) -> list[Any]:
 
 
 def _load(raw: object, what: str) -> Load:
-    fields = _list(raw, what, 3)
-    if len(fields) != 3:
-        raise DirectoryError(f"{what} must be [queued, ms_per_token, active]")
-    queued, ms, active = fields
+    fields = _list(raw, what, LOAD_FIELDS)
+    if len(fields) != LOAD_FIELDS:
+        raise DirectoryError(f"{what} must be [queued, ms_per_token, active, slots, free_slots, slot_wait_ms, speed_measured]")
+    queued, ms, active, slots, free, wait, measured = fields
     if not isinstance(ms, float) or not math.isfinite(ms) or ms < 0:
         raise DirectoryError(f"{what}: ms_per_token must be a finite float >= 0")
-    return Load(_uint(queued, f"{what}: queued"), ms, _uint(active, f"{what}: active"))
+    if type(slots) is not int or not 1 <= slots <= MAX_REPORTED_SLOTS:
+        raise DirectoryError(f"{what}: slots must be an integer in 1..{MAX_REPORTED_SLOTS}")
+    if type(free) is not int or not 0 <= free <= slots:
+        raise DirectoryError(f"{what}: free_slots must be an integer in 0..slots")
+    if not isinstance(wait, float) or not math.isfinite(wait) or not 0 <= wait <= MAX_REPORTED_SLOT_WAIT_MS:
+        raise DirectoryError(f"{what}: slot_wait_ms must be a float in 0..{MAX_REPORTED_SLOT_WAIT_MS:g}")
+    if not isinstance(measured, bool):
+        raise DirectoryError(f"{what}: speed_measured must be a boolean")
+    return Load(_uint(queued, f"{what}: queued"), ms, _uint(active, f"{what}: active"), slots, free, wait, measured)
 
 
 _KEYS = {
@@ -719,13 +739,12 @@ def decode_message(data: bytes) -> Message:
         return Query(anchor, depth, stride, tail, blocks, hashes, _uint(doc["p"], "prompt tokens"), limit)
     holders = []
     for i, raw in enumerate(_list(doc["r"], "holders", MAX_ANSWER_HOLDERS)):
-        entry = _list(raw, f"holder {i}", 6)
-        if len(entry) != 6:
-            raise DirectoryError(f"holder {i} must be [id, match_blocks, queued, ms_per_token, active, age_ms]")
-        load = _load(entry[2:5], f"holder {i} load")
-        holders.append(
-            AnswerHolder(_id(entry[0], f"holder {i} id"), _uint(entry[1], f"holder {i} match"), load, _uint(entry[5], f"holder {i} age") / 1000.0)
-        )
+        entry = _list(raw, f"holder {i}", 3 + LOAD_FIELDS)
+        if len(entry) != 3 + LOAD_FIELDS:
+            raise DirectoryError(f"holder {i} must be [id, match_blocks, <the {LOAD_FIELDS} load fields>, age_ms]")
+        load = _load(entry[2 : 2 + LOAD_FIELDS], f"holder {i} load")
+        age = _uint(entry[2 + LOAD_FIELDS], f"holder {i} age") / 1000.0
+        holders.append(AnswerHolder(_id(entry[0], f"holder {i} id"), _uint(entry[1], f"holder {i} match"), load, age))
     return Answer(_uint(doc["a"], "anchor", 64), tuple(holders))
 
 
@@ -858,7 +877,8 @@ class DirectoryStore:
         hashes: holding block *i* means holding 0..i); with a query stride
         above 1 that understates it by fewer than ``stride`` blocks. Holders are ranked by
         the same terms ``TtftEstimator`` uses, without the RTT the directory
-        cannot know: reported queue (drained since the report, as
+        cannot know: the reported wait (:meth:`Load.wait_ms`: queued prefill or
+        the wait for a free slot, both drained since the report, as
         ``TtftEstimator.drain_reported_queue`` does) plus the uncached prefill.
         Cost: O(query blocks + holders of the anchor).
         """
@@ -878,11 +898,15 @@ class DirectoryStore:
             info = self._holders[h]
             load, age = info.load, max(0.0, now - info.load_at)
             ms = load.prefill_ms_per_token
-            queued = load.queued_prefill_tokens
+            drained = load
             if ms > 0:
-                queued = max(0, queued - int(age * 1000.0 / ms))
+                drained = replace(
+                    load,
+                    queued_prefill_tokens=max(0, load.queued_prefill_tokens - int(age * 1000.0 / ms)),
+                    slot_wait_ms=max(0.0, load.slot_wait_ms - age * 1000.0),
+                )
             uncached = max(1, query.prompt_tokens - blocks * self.block_size)
-            scored.append(((queued + uncached) * ms, h, blocks, load, age))
+            scored.append((drained.wait_ms() + uncached * ms, h, blocks, load, age))
         scored.sort(key=lambda t: (t[0], t[1]))
         return Answer(
             query.anchor, tuple(AnswerHolder(h, blocks, load, age) for _, h, blocks, load, age in scored[: query.limit])

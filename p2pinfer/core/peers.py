@@ -80,6 +80,12 @@ class Load:
         return max(self.queued_prefill_tokens * self.prefill_ms_per_token, self.slot_wait_ms)
 
 
+MAX_REPORTED_SLOTS = 4096
+"""Most slots a load report (gossiped or in a directory message) may claim."""
+MAX_REPORTED_SLOT_WAIT_MS = 3.6e6
+"""Longest wait for a free slot a load report may claim (one hour)."""
+
+
 @dataclass(slots=True)
 class PeerState:
     peer_id: str

@@ -18,7 +18,7 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError
 
 from ..core.digest import MAX_DIGEST_BYTES, Digest, DigestError, decode_digest
-from ..core.peers import Load
+from ..core.peers import MAX_REPORTED_SLOT_WAIT_MS, MAX_REPORTED_SLOTS, Load
 from ..engines.base import MAX_TOP_LOGPROBS, GenerationParams, GenerationRecord, InvalidRequestError, TokenChunk, TokenLogprob
 from .proto import p2pinfer_pb2 as pb
 
@@ -57,9 +57,9 @@ reports and pull it over a stream (``PULL_RESPONSE_MAX_BYTES``)."""
 PULL_REQUEST_MAX_BYTES = 4096
 PULL_RESPONSE_MAX_BYTES = MAX_DIGEST_BYTES + 256 * 1024
 MAX_ADDRS = 16
-MAX_SLOTS = 4096
+MAX_SLOTS = MAX_REPORTED_SLOTS
 """Most slots a load report may claim."""
-MAX_SLOT_WAIT_MS = 3.6e6
+MAX_SLOT_WAIT_MS = MAX_REPORTED_SLOT_WAIT_MS
 """Longest wait for a free slot a load report may claim (one hour)."""
 MAX_RELAY_ADDRS = 4
 MAX_ADDR_LEN = 256

@@ -33,6 +33,7 @@ from p2pinfer.core.directory import (
     make_query,
     xor_of,
 )
+from p2pinfer.core.peers import MAX_REPORTED_SLOT_WAIT_MS, MAX_REPORTED_SLOTS
 from p2pinfer.core.policies import CostPolicy
 
 FP = ModelFingerprint("m", "t", "c")
@@ -240,6 +241,23 @@ def test_store_ranks_by_queue_and_drains_old_reports() -> None:
     assert late[0].load.queued_prefill_tokens == 2000  # the answer carries the report as it was
 
 
+def test_the_slot_fields_travel_and_rank_a_holder_without_a_free_slot_last() -> None:
+    # "full" holds the whole prompt but its 2 slots decode long answers for 6 s more; "free" holds
+    # 6 of 10 blocks (64 tokens to prefill: 256 ms) with a slot free. Only the slot fields tell them apart.
+    full = Load(0, 4.0, 2, slots=2, free_slots=0, slot_wait_ms=6000.0, speed_measured=False)
+    free = Load(0, 4.0, 1, slots=2, free_slots=1, slot_wait_ms=0.0)
+    store = DirectoryStore()
+    for holder, load, hashes in (("full", full, H1[K - 1 :]), ("free", free, H1[K - 1 : 6])):
+        msg = decode_message(encode_message(Register(holder, 1, load, (AnchorUpdate(ANCHOR, False, frozenset(hashes)),))))
+        assert isinstance(msg, Register) and msg.load == load
+        store.apply(msg, 0.0)
+    answer = decode_message(encode_message(store.answer(query(H1), 0.0)))
+    assert isinstance(answer, Answer)
+    assert [(h.holder, h.load) for h in answer.holders] == [("free", free), ("full", full)]
+    # 10 s later its answers have ended (the wait drains as the queue does): the full match wins.
+    assert [h.holder for h in store.answer(query(H1), 10.0).holders] == ["full", "free"]
+
+
 def test_store_unregister_full_update_epoch_and_expiry() -> None:
     store = DirectoryStore()
     store.apply(reg("a", H1[K - 1 :]), 0.0)
@@ -315,7 +333,12 @@ def test_apply_answer_never_overwrites_a_fresher_load_report() -> None:
 u64 = st.integers(0, 2**64 - 1)
 hash_sets = st.frozensets(u64, max_size=50)
 ids = st.text(min_size=1, max_size=60)
-loads = st.builds(Load, st.integers(0, 2**40), st.floats(0, 1e6, allow_nan=False), st.integers(0, 2**20))
+@st.composite
+def loads(draw: st.DrawFn) -> Load:
+    slots = draw(st.integers(1, MAX_REPORTED_SLOTS))
+    return Load(draw(st.integers(0, 2**40)), draw(st.floats(0, 1e6, allow_nan=False)), draw(st.integers(0, 2**20)),
+                slots, draw(st.integers(0, slots)), draw(st.floats(0, MAX_REPORTED_SLOT_WAIT_MS, allow_nan=False)),
+                draw(st.booleans()))
 
 
 @st.composite
@@ -329,7 +352,7 @@ def updates(draw: st.DrawFn) -> AnchorUpdate:
 checks = st.lists(st.builds(AnchorCheck, u64, st.integers(0, 2**40), u64), max_size=5, unique_by=lambda c: c.anchor)
 
 
-@given(ids, st.integers(0, 2**62), loads, st.lists(updates(), max_size=5, unique_by=lambda u: u.anchor), checks)
+@given(ids, st.integers(0, 2**62), loads(), st.lists(updates(), max_size=5, unique_by=lambda u: u.anchor), checks)
 def test_register_round_trip(holder: str, epoch: int, load: Load, ups: list[AnchorUpdate], cks: list[AnchorCheck]) -> None:
     msg = Register(holder, epoch, load, tuple(ups), tuple(cks))
     assert decode_message(encode_message(msg)) == msg
@@ -354,7 +377,7 @@ def test_query_round_trip(hashes: list[int], depth: int, stride: int, tail: int,
     assert decode_message(encode_message(msg)) == msg
 
 
-@given(u64, st.lists(st.builds(AnswerHolder, ids, st.integers(0, 10**6), loads, st.integers(0, 10**7).map(lambda ms: ms / 1000)), max_size=8))
+@given(u64, st.lists(st.builds(AnswerHolder, ids, st.integers(0, 10**6), loads(), st.integers(0, 10**7).map(lambda ms: ms / 1000)), max_size=8))
 def test_answer_round_trip(anchor: int, holders: list[AnswerHolder]) -> None:
     msg = Answer(anchor, tuple(holders))
     assert decode_message(encode_message(msg)) == msg
@@ -369,25 +392,36 @@ def test_garbage_raises_only_directory_error(data: bytes) -> None:
         pass
 
 
-REG = {"s": 1, "t": "reg", "n": "h", "e": 0, "l": [0, 4.0, 0], "u": [[5, False, b"", b""]], "c": [[5, 1, 7]]}
-QRY = {"s": 1, "t": "q", "a": 5, "d": 4, "i": 2, "w": 1, "b": 6, "h": (5).to_bytes(8, "little") + (6).to_bytes(8, "little"), "p": 96, "k": 8}
-ANS = {"s": 1, "t": "ans", "a": 5, "r": [["h", 4, 0, 4.0, 0, 10]]}
+REG = {"s": 2, "t": "reg", "n": "h", "e": 0, "l": [0, 4.0, 0, 2, 1, 0.0, True], "u": [[5, False, b"", b""]], "c": [[5, 1, 7]]}
+QRY = {"s": 2, "t": "q", "a": 5, "d": 4, "i": 2, "w": 1, "b": 6, "h": (5).to_bytes(8, "little") + (6).to_bytes(8, "little"), "p": 96, "k": 8}
+ANS = {"s": 2, "t": "ans", "a": 5, "r": [["h", 4, 0, 4.0, 0, 2, 1, 0.0, True, 10]]}
 
 
 @pytest.mark.parametrize(
     "doc",
     [
         [1, 2],
-        {**REG, "s": 2},  # another schema
+        {**REG, "s": 1},  # another schema (1: loads without the slot fields)
         {**REG, "t": "other"},
         {**REG, "extra": 1},
         {k: v for k, v in REG.items() if k != "e"},
         {**REG, "n": ""},
         {**REG, "n": "x" * 500},
         {**REG, "e": -1},
-        {**REG, "l": [0, float("nan"), 0]},
-        {**REG, "l": [0, 4, 0]},  # ms per token must be a float
-        {**REG, "l": [-1, 4.0, 0]},
+        {**REG, "l": [0, float("nan"), 0, 2, 1, 0.0, True]},
+        {**REG, "l": [0, 4, 0, 2, 1, 0.0, True]},  # ms per token must be a float
+        {**REG, "l": [-1, 4.0, 0, 2, 1, 0.0, True]},
+        {**REG, "l": [0, 4.0, 0]},  # schema 1's load, without the slot fields
+        {**REG, "l": [0, 4.0, 0, 0, 0, 0.0, True]},  # no slots
+        {**REG, "l": [0, 4.0, 0, MAX_REPORTED_SLOTS + 1, 0, 0.0, True]},
+        {**REG, "l": [0, 4.0, 0, 2, 3, 0.0, True]},  # more free slots than slots
+        {**REG, "l": [0, 4.0, 0, 2, True, 0.0, True]},
+        {**REG, "l": [0, 4.0, 0, 2, 0, -1.0, True]},
+        {**REG, "l": [0, 4.0, 0, 2, 0, float("inf"), True]},
+        {**REG, "l": [0, 4.0, 0, 2, 0, MAX_REPORTED_SLOT_WAIT_MS * 2, True]},
+        {**REG, "l": [0, 4.0, 0, 2, 0, 5, True]},  # the wait must be a float
+        {**REG, "l": [0, 4.0, 0, 2, 0, 0.0, 1]},  # speed_measured must be a boolean
+        {**REG, "l": [0, 4.0, 0, 2, 0, 0.0]},  # without speed_measured
         {**REG, "u": [[5, True, b"", b"\1" * 8]]},  # a full update removes nothing
         {**REG, "u": [[5, False, b"\1" * 8, b"\1" * 8]]},  # added and removed
         {**REG, "u": [[5, False, b"\0" * 16, b""]]},  # repeated hash
@@ -398,8 +432,8 @@ ANS = {"s": 1, "t": "ans", "a": 5, "r": [["h", 4, 0, 4.0, 0, 10]]}
         {**REG, "c": [[5, 1, 7], [5, 2, 7]]},  # repeated anchor
         {**REG, "c": [[5, 1]]},
         {**REG, "c": [[5, 1, 2**64]]},
-        {"s": 1, "t": "resend", "a": b"\0" * 16},  # repeated anchor
-        {"s": 1, "t": "resend", "a": b"", "x": 1},
+        {"s": 2, "t": "resend", "a": b"\0" * 16},  # repeated anchor
+        {"s": 2, "t": "resend", "a": b"", "x": 1},
         {**QRY, "h": (6).to_bytes(8, "little") * 2},  # must start with the anchor
         {**QRY, "b": 7},  # depths 4, 6, 7: three hashes, not two
         {**QRY, "b": 2**62},
@@ -412,8 +446,10 @@ ANS = {"s": 1, "t": "ans", "a": 5, "r": [["h", 4, 0, 4.0, 0, 10]]}
         {**QRY, "k": MAX_ANSWER_HOLDERS + 1},
         {**QRY, "d": 0},
         {**QRY, "i": 1, "b": 3 + MAX_QUERY_BLOCKS + 1, "h": (5).to_bytes(8, "little") * (MAX_QUERY_BLOCKS + 1)},
-        {**ANS, "r": [["h", 4, 0, 4.0, 0]]},
-        {**ANS, "r": [["h", 4, 0, 4.0, 0, 10]] * (MAX_ANSWER_HOLDERS + 1)},
+        {**ANS, "r": [["h", 4, 0, 4.0, 0, 2, 1, 0.0, True]]},
+        {**ANS, "r": [["h", 4, 0, 4.0, 0, 10]]},  # schema 1's holder, without the slot fields
+        {**ANS, "r": [["h", 4, 0, 4.0, 0, 2, 3, 0.0, True, 10]]},
+        {**ANS, "r": [["h", 4, 0, 4.0, 0, 2, 1, 0.0, True, 10]] * (MAX_ANSWER_HOLDERS + 1)},
         {**ANS, "a": cbor2.CBORTag(2, b"\1")},  # tags (bignums!) are refused
     ],
 )
@@ -426,7 +462,7 @@ def test_valid_documents_decode() -> None:
     assert isinstance(decode_message(cbor2.dumps(REG)), Register)
     assert isinstance(decode_message(cbor2.dumps(QRY)), Query)
     assert isinstance(decode_message(cbor2.dumps(ANS)), Answer)
-    assert decode_message(cbor2.dumps({"s": 1, "t": "resend", "a": b""})) == Resend(())
+    assert decode_message(cbor2.dumps({"s": 2, "t": "resend", "a": b""})) == Resend(())
 
 
 def test_oversized_messages_are_refused_before_decoding() -> None:

@@ -74,11 +74,11 @@ def test_refusal_round_trip_and_strict_decoding():
     msg = Refusal("NOT_HOLDER", "a register from X names holder Y")
     assert decode_message(encode_message(msg)) == msg
     with pytest.raises(DirectoryError, match="refusal code"):
-        decode_message(cbor2.dumps({"s": 1, "t": "err", "c": "NOPE", "m": ""}))
+        decode_message(cbor2.dumps({"s": 2, "t": "err", "c": "NOPE", "m": ""}))
     with pytest.raises(DirectoryError, match="at most 512"):
-        decode_message(cbor2.dumps({"s": 1, "t": "err", "c": "INTERNAL", "m": "x" * 513}))
+        decode_message(cbor2.dumps({"s": 2, "t": "err", "c": "INTERNAL", "m": "x" * 513}))
     with pytest.raises(DirectoryError, match="exactly the keys"):
-        decode_message(cbor2.dumps({"s": 1, "t": "err", "c": "INTERNAL"}))
+        decode_message(cbor2.dumps({"s": 2, "t": "err", "c": "INTERNAL"}))
 
 
 class _Placement:
