@@ -13,6 +13,9 @@ as a live engine does:
   same-subject requests queued report several times its real backlog, and
   its peers then computed the prefix cold elsewhere. When its prefill
   starts, the estimate becomes the true size (what the cache gives now).
+  A finished answer whose reply is evaluated again for the cache (the
+  llama.cpp engine's reply caching) counts those tokens again until that
+  ends (:meth:`EngineQueue.saving_reply`): its slot is still taken.
 * **prompts ahead** (:class:`PromptsAhead`): accepted and not finished, in
   arrival order, in tokens.
 * **speed** (``Load.prefill_ms_per_token``): an EWMA (weight 0.25) of the
@@ -234,6 +237,18 @@ class EngineQueue:
             else:
                 self.ms_per_token = max(1e-3, ms_per_token)
                 self.speed_measured = True
+
+    def saving_reply(self, ticket: Ticket, tokens: int, now: float | None = None) -> None:
+        """Its answer is done and its reply's ``tokens`` are being evaluated
+        again (prefill work, in its slot): they count as queued prefill, and
+        its slot is expected to free once they are done, until :meth:`finish`."""
+        if ticket.finished:
+            return
+        tokens = max(0, tokens)
+        self.queued += tokens - ticket.estimate
+        ticket.estimate = tokens
+        if now is not None:
+            ticket.decode_ends = now + tokens * self.ms_per_token / 1000.0
 
     def decode_measured(self, ms_per_token: float) -> None:
         """A finished answer's decode speed: the estimate moves towards it (EWMA)."""

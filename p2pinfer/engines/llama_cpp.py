@@ -75,7 +75,7 @@ from .base import (
 )
 from .kv_segments import SegmentStore
 from .model_files import file_identity, resolve_model_path
-from .slot_events import Failed, Finished, Prefilled, Restored
+from .slot_events import Failed, Finished, Prefilled, Restored, SavingReply
 
 if TYPE_CHECKING:
     from .kv_state import KvSpan
@@ -622,6 +622,9 @@ class LlamaCppEngine(Engine):
             self._unpin(req)
             req.in_prefill = False
             self._admit()  # requests waiting for this prefix may go now
+        elif isinstance(event, SavingReply):
+            # The reply is evaluated again in its slot: prefill work like a prompt's, in the load until it ends.
+            self.queue.saving_reply(req.ticket, event.tokens, now=time.perf_counter())
         elif isinstance(event, (Finished, Failed)):
             if isinstance(event, Finished) and event.decode_steps >= 2:
                 self.queue.decode_measured(event.decode_s * 1000 / event.decode_steps)

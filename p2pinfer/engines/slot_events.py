@@ -3,9 +3,10 @@
 Plain data, no llama.cpp: the engine module imports these without loading
 the C library. A job's events come in this order: :class:`Restored` (it has
 a slot), token chunks, :class:`Prefilled` (right after the first chunk),
-more chunks, then exactly one :class:`Finished` or :class:`Failed`, after
-which the job no longer holds its slot. A job cancelled or failed before
-it got a slot posts only the last event.
+more chunks, then :class:`SavingReply` with the last chunk when its reply
+is evaluated again for the cache, then exactly one :class:`Finished` or
+:class:`Failed`, after which the job no longer holds its slot. A job
+cancelled or failed before it got a slot posts only the last event.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .base import TokenChunk
 if TYPE_CHECKING:
     from .kv_state import KvSpan
 
-__all__ = ["Event", "Failed", "Finished", "Prefilled", "Restored"]
+__all__ = ["Event", "Failed", "Finished", "Prefilled", "Restored", "SavingReply"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,15 @@ class Prefilled:
 
 
 @dataclass(frozen=True, slots=True)
+class SavingReply:
+    """The generation ended (its last token went out before this); the job keeps
+    its slot while its reply's ``tokens`` are evaluated again as prompt chunks,
+    one per loop iteration like any prefill, then :class:`Finished` follows."""
+
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """The job left its slot: ``reason`` is stop, length or cancelled."""
 
@@ -59,7 +69,8 @@ class Finished:
     reply_tokens: tuple[int, ...] = ()
     """The tokens that span holds, to insert after the prompt."""
     reply_s: float = 0.0
-    """Time spent evaluating the end-of-turn tokens and saving the span."""
+    """Time the job's own reply work took: re-tokenising, evaluating the reply
+    and its end of turn again, saving the span (other slots' steps in between excluded)."""
     reply_note: str | None = None
     """Why the reply was not cached, or was cached only in part (for the logs and the record)."""
 
@@ -71,4 +82,4 @@ class Failed:
     message: str
 
 
-Event = Union[Restored, Prefilled, TokenChunk, Finished, Failed]
+Event = Union[Restored, Prefilled, TokenChunk, SavingReply, Finished, Failed]

@@ -10,15 +10,21 @@ The llama.cpp engine has ``n_slots`` sequences in one context
    job's cached prefix (saved spans, planned by the engine) is restored into
    its slot's sequence;
 3. **one prompt chunk**: of the job admitted first among those still in
-   prefill (first come first served, which minimises the average time to
-   first token); when it is the prompt's last chunk the first token is
-   sampled and sent at once, then the prompt's new span is saved for the
-   cache;
+   prefill or saving their reply (first come first served, which minimises
+   the average time to first token); when it is the prompt's last chunk the
+   first token is sampled and sent at once, then the prompt's new span is
+   saved for the cache;
 4. **one decode step**: one ``llama_decode`` with one token for every
    decoding slot, then one sample per slot.
 
-So a long prompt delays the others' next token by one chunk at most, and
-a slot is taken as soon as it is free. The loop never waits for a consumer:
+When a generation ends and its reply is to join the cache, its last token
+goes out at once and the job keeps its slot for one more phase, *saving
+the reply*: the reply (and the chat template's end of turn) is evaluated
+again as prompt chunks, scheduled in step 3 like a prompt's, then its span
+is saved and the job finishes (:meth:`SlotLoop._begin_reply`).
+
+So a long prompt or reply delays the others' next token by one chunk at
+most, and a slot is taken as soon as it is free. The loop never waits for a consumer:
 results go out through each job's ``post`` callback (the engine hands them
 to the request's trio task without blocking), so a slow reader only fills
 its own buffer.
@@ -41,7 +47,7 @@ from typing import Any
 
 from .base import TokenChunk, TokenLogprob
 from .kv_state import KvSpan
-from .slot_events import Event, Failed, Finished, Prefilled, Restored
+from .slot_events import Event, Failed, Finished, Prefilled, Restored, SavingReply
 from .llama_runtime import DecodeError, GrammarError, LlamaRuntime, RestoreError, SamplerSpec
 from .text_stream import TextStream
 
@@ -68,7 +74,7 @@ class SlotJob:
     """Cache the reply when the generation ends (stop or length), followed by
     these tokens: what the next turn renders after the reply's text (the chat
     template's end of turn, measured by the engine; empty for a completion).
-    None: do not cache the reply. See :meth:`SlotLoop._cache_reply`."""
+    None: do not cache the reply. See :meth:`SlotLoop._begin_reply`."""
     window: int | None = None
     """Longest sequence a span may be saved from (the engine's ``cache_window``)."""
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -84,6 +90,12 @@ class SlotJob:
     """The generated token ids (end-of-generation token excluded)."""
     emitted: list[str] = field(default_factory=list)
     """The text sent for them, piece by piece (stop strings cut out)."""
+    reply_new: list[int] | None = None
+    """While saving the reply: the tokens evaluated again after the prompt (see :meth:`SlotLoop._begin_reply`)."""
+    reply_cuts: list[tuple[int, int]] = field(default_factory=list)
+    """Their chunks, ``(offset, size)``, the next one first."""
+    reply_s: float = 0.0
+    reply_note: str | None = None
     chain: Any = None
     text: TextStream | None = None
     prefill_s: float = 0.0
@@ -96,6 +108,10 @@ class SlotJob:
     @property
     def in_prefill(self) -> bool:
         return self.pos < len(self.tokens)
+
+    @property
+    def saving_reply(self) -> bool:
+        return self.reply_new is not None
 
 
 @dataclass
@@ -135,6 +151,10 @@ class SlotLoop:
         self.last_step_size = 0
         self.steps = 0
         self.chunks = 0
+        self.reply_chunks = 0
+        """Chunks of replies evaluated again for the cache (not in ``chunks``)."""
+        self.saving_replies = 0
+        """Slots saving their reply after the last iteration."""
         self.error: BaseException | None = None
         """Set if the loop itself died (a bug): every job then fails."""
 
@@ -199,15 +219,20 @@ class SlotLoop:
                 return False
         self._reap()
         self._admit()
-        job = min((j for j in self._slots if j is not None and j.in_prefill), key=lambda j: j.order, default=None)
+        job = min((j for j in self._slots if j is not None and (j.in_prefill or j.saving_reply)),
+                  key=lambda j: j.order, default=None)
         if job is not None:
-            self._prefill_chunk(job)
+            if job.in_prefill:
+                self._prefill_chunk(job)
+            else:
+                self._reply_chunk(job)
             self._reap()
         steps = [j for j in self._slots if j is not None and j.token is not None]
         if steps:
             self._decode_step(steps)
         self.busy_slots = sum(1 for j in self._slots if j is not None)
-        self.decoding = sum(1 for j in self._slots if j is not None and not j.in_prefill)
+        self.saving_replies = sum(1 for j in self._slots if j is not None and j.saving_reply)
+        self.decoding = sum(1 for j in self._slots if j is not None and not j.in_prefill and not j.saving_reply)
         return True
 
     def _reap(self) -> None:
@@ -309,8 +334,7 @@ class SlotLoop:
                 error = str(exc)
         after: list[Event] = [Prefilled(job.prefill_s, wall, span, error)]
         if job.done:
-            after.append(self._finish_event(job, with_reply=True))
-            self._release(job)
+            self._ended(job, after)
         job.post(job, after)
 
     def _decode_step(self, steps: Sequence[SlotJob]) -> None:
@@ -336,8 +360,7 @@ class SlotLoop:
             events: list[Event] = []
             self._take(job, token, events, logprob)
             if job.done:
-                events.append(self._finish_event(job, with_reply=True))
-                self._release(job)
+                self._ended(job, events)
             job.post(job, events)
 
     def _take(self, job: SlotJob, token: int, events: list[Event], logprob: TokenLogprob | None = None) -> None:
@@ -361,36 +384,57 @@ class SlotLoop:
         job.emitted.append(piece)
         events.append(TokenChunk((token,), piece, (logprob,) if logprob is not None else ()))
 
-    def _finish_event(self, job: SlotJob, *, with_reply: bool = False) -> Finished:
-        reason = job.reason or "stop"
-        if not with_reply or job.reply_tail is None:
-            return Finished(reason, job.generated, job.decode_steps, job.decode_s)
-        t0 = time.perf_counter()
-        try:
-            span, tokens, note = self._cache_reply(job)
-        except Exception as exc:  # not caching a reply is never worth failing the request
-            span, tokens, note = None, (), f"saving the reply's KV failed: {exc}"
-        return Finished(reason, job.generated, job.decode_steps, job.decode_s,
-                        span, tokens, time.perf_counter() - t0, note)
+    def _ended(self, job: SlotJob, events: list[Event]) -> None:
+        """The generation ended (``job.done``): save its reply, or finish now."""
+        if self._begin_reply(job):
+            events.append(SavingReply(len(job.reply_new or ())))
+            return
+        events.append(self._finish_event(job))
+        self._release(job)
 
-    def _cache_reply(self, job: SlotJob) -> tuple[KvSpan | None, tuple[int, ...], str | None]:
-        """The KV of the reply as the next turn will render it, from the job's sequence.
+    def _finish_event(self, job: SlotJob, span: KvSpan | None = None) -> Finished:
+        reason = job.reason or "stop"
+        return Finished(reason, job.generated, job.decode_steps, job.decode_s,
+                        span, tuple(job.reply_new or ()) if span is not None else (), job.reply_s, job.reply_note)
+
+    def _begin_reply(self, job: SlotJob) -> bool:
+        """Start saving the reply's KV as the next turn will render it; False: nothing to save.
 
         The next turn's prompt holds the reply's *text*, re-tokenised, then
         the template's end of turn (``job.reply_tail``). So the generated
         ids are kept only as far as the re-tokenised text agrees with them
         (all of them for SmolLM2, measured: docs/results.md), and the tail
         only when the whole reply agrees and no stop string cut it. The
-        reply and the tail are evaluated again here as prompt chunks (the
-        decode steps' one-token batches give other bits), so these positions
-        hold exactly what a cold prefill of the next turn computes (tested);
-        this costs about a prefill of the reply, after its last token was
-        sent and before the request's record.
+        decode steps' KV is not what a cold prefill computes (one-token
+        batches take other kernels: measured, tests/engines/test_reply_cache.py),
+        so the sequence is cut back to the prompt and the reply and the tail
+        are evaluated again as prompt chunks, with the cuts a prompt of
+        theirs would get, one chunk per loop iteration
+        (:meth:`_reply_chunk`): then these positions hold exactly what a
+        cold prefill of the next turn computes (tested), and the other
+        slots keep decoding meanwhile. The job holds its slot until the span
+        is saved; the engine counts the tokens as queued prefill.
         """
+        if job.reply_tail is None:
+            return False
+        t0 = time.perf_counter()
+        try:
+            new, job.reply_note = self._reply_tokens(job)
+            if new is not None:
+                self._rt.truncate_seq(job.slot, len(job.tokens))
+                job.reply_cuts = self._rt.chunks(len(new))
+                job.reply_new = new
+        except Exception as exc:  # not caching a reply is never worth failing the request
+            job.reply_new, job.reply_note = None, f"saving the reply's KV failed: {exc}"
+        job.reply_s += time.perf_counter() - t0
+        return job.reply_new is not None
+
+    def _reply_tokens(self, job: SlotJob) -> tuple[list[int] | None, str | None]:
+        """What :meth:`_begin_reply` evaluates again after the prompt, or None, with a note."""
         rt = self._rt
         assert job.reply_tail is not None and job.text is not None
         if job.reason not in ("stop", "length"):
-            return None, (), None
+            return None, None
         n = len(job.tokens)
         ids = job.ids
         retok = rt.tokenize("".join(job.emitted), add_special=False)
@@ -407,16 +451,32 @@ class SlotLoop:
         new = new[: max(0, rt.n_ctx - n)]
         end = n + len(new)
         if job.window is not None and end > job.window:
-            return None, (), f"prompt + reply ({end} tokens) is longer than the cache window ({job.window})"
+            return None, f"prompt + reply ({end} tokens) is longer than the cache window ({job.window})"
         if len(new) < 2:  # a one-token batch computes other bits than a cold prefill
-            return None, (), note or "fewer than two reply tokens"
-        # The decode steps' KV is not what a cold prefill computes (one-token
-        # batches take other kernels: measured, tests/engines/test_reply_cache.py),
-        # so the reply is evaluated again as prompt chunks before it is saved.
-        rt.truncate_seq(job.slot, n)
-        for off, size in rt.chunks(len(new)):
-            rt.eval_chunk(new[off : off + size], n + off, job.slot)
-        return rt.save_span(n, end, seq=job.slot), tuple(new), note
+            return None, note or "fewer than two reply tokens"
+        return new, note
+
+    def _reply_chunk(self, job: SlotJob) -> None:
+        """One chunk of the reply being saved; after the last, save the span and finish."""
+        rt = self._rt
+        assert job.reply_new is not None
+        n = len(job.tokens)
+        off, size = job.reply_cuts.pop(0)
+        t0 = time.perf_counter()
+        span = None
+        try:
+            rt.eval_chunk(job.reply_new[off : off + size], n + off, job.slot)
+            self.reply_chunks += 1
+            if job.reply_cuts:
+                job.reply_s += time.perf_counter() - t0
+                return
+            span = rt.save_span(n, n + len(job.reply_new), seq=job.slot)
+        except Exception as exc:  # not caching a reply is never worth failing the request
+            job.reply_note = f"saving the reply's KV failed: {exc}"
+        job.reply_s += time.perf_counter() - t0
+        event = self._finish_event(job, span)
+        self._release(job)
+        job.post(job, [event])
 
     def _release(self, job: SlotJob) -> None:
         """Free the job's slot (KV and sampler); no event."""

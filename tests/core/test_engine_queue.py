@@ -118,3 +118,22 @@ def test_without_a_decode_speed_the_wait_for_a_slot_is_not_estimated() -> None:
     assert q.decode_ms_per_token == pytest.approx(25.0)  # EWMA, weight 0.25
     q.finish(t)
     assert q.load(0.0).free_slots == 1
+
+
+def test_a_reply_being_saved_counts_as_queued_prefill_and_holds_its_slot() -> None:
+    """One slot, 2 ms per prefill token: an answer that ends early and evaluates
+    its 150-token reply again for the cache is 150 tokens (300 ms) of queued
+    prefill, and its slot frees when that is done, until it finishes."""
+    q = EngineQueue(ms_per_token=2.0, slots=1, decode_ms_per_token=10.0)
+    t = q.admit([1] * 20, cached=0, max_tokens=500)
+    q.start(t, 0)
+    q.prefilled(t, 20, now=0.0)
+    assert q.load(0.0).queued_prefill_tokens == 0 and q.load(0.0).slot_wait_ms == 5000.0  # 500 tokens at 10 ms
+    q.saving_reply(t, 150, now=1.0)  # its answer ended at 1 s
+    load = q.load(1.0)
+    assert (load.queued_prefill_tokens, load.free_slots, load.slot_wait_ms) == (150, 0, pytest.approx(300.0))
+    assert load.wait_ms() == pytest.approx(300.0)
+    q.finish(t)
+    assert (q.load(1.3).queued_prefill_tokens, q.load(1.3).free_slots) == (0, 1)
+    q.saving_reply(t, 150, now=1.3)  # after finish (a late event): ignored
+    assert q.load(1.3).queued_prefill_tokens == 0

@@ -193,3 +193,66 @@ def test_gemma3_completion_replies_are_cached_within_the_sliding_window_and_answ
     finally:
         trio.run(warm.aclose)
         trio.run(cold.aclose)
+
+
+def test_saving_a_reply_lets_the_other_slot_decode_and_counts_in_the_load() -> None:
+    """The reply is evaluated again chunk by chunk in its own slot, between the
+    other slots' decode steps: a request decoding next to it keeps getting
+    tokens while the reply is saved, and the engine's load counts the reply's
+    tokens as queued prefill until its record."""
+    from p2pinfer.engines.llama_cpp import LlamaCppEngine
+
+    # Small prefill batches: a 48-token reply is evaluated again in 6 chunks.
+    engine = LlamaCppEngine(context_size=1024, slots=2, threads=1, cache_tokens=8192, batch_size=8)
+    log: list[tuple[str, float, int]] = []
+    """(what, when, the engine's queued prefill tokens then), in arrival order."""
+
+    async def consume(name: str, prompt: str, max_tokens: int, started: trio.Event | None) -> GenerationRecord:
+        record = None
+        async for item in engine.generate(engine.tokenize(prompt), GenerationParams(max_tokens=max_tokens, temperature=0.0)):
+            now, queued = trio.current_time(), engine.load().queued_prefill_tokens
+            if isinstance(item, TokenChunk):
+                log.append((f"{name}-token", now, queued))
+                if started is not None:
+                    started.set()
+            else:
+                log.append((f"{name}-record", now, queued))
+                record = item
+        assert record is not None
+        return record
+
+    async def main() -> tuple[GenerationRecord, GenerationRecord]:
+        out: dict[str, GenerationRecord] = {}
+        decoding = trio.Event()
+
+        async def long_answer() -> None:
+            out["b"] = await consume("b", "Count to two hundred: 1, 2, 3, 4, 5,", 160, decoding)
+
+        async def reply_to_save() -> None:
+            await decoding.wait()  # b is decoding in the other slot
+            out["a"] = await consume("a", "The three longest rivers in Europe are", 48, None)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(long_answer)
+            nursery.start_soon(reply_to_save)
+        return out["a"], out["b"]
+
+    try:
+        a, b = trio.run(main)
+        saved = a.extra["reply_cached_tokens"]
+        assert a.finish_reason == "length" and saved >= 32, a  # at least 4 chunks of 8
+        assert b.finish_reason == "length", b  # still decoding when a's reply was saved
+        kinds = [k for k, _, _ in log]
+        last_a = max(i for i, k in enumerate(kinds) if k == "a-token")
+        end_a = kinds.index("a-record")
+        during = [log[i] for i in range(last_a + 1, end_a) if kinds[i] == "b-token"]
+        # Between a's last token and its record, b's decode steps went on: one after each reply chunk
+        # but the last (exactly saved // 8 - 1 of them; the margin covers consumers woken out of order).
+        chunks = -(-saved // 8)
+        assert len(during) >= max(2, chunks // 2), (len(during), chunks, kinds[last_a:end_a + 1])
+        # While it was saved, the reply counted as queued prefill (b's prompt was done long before).
+        assert saved in {q for _, _, q in during}, during
+        assert engine.load().queued_prefill_tokens == 0
+        assert engine.describe()["replies_cached"] >= 1
+    finally:
+        trio.run(engine.aclose)
