@@ -11,7 +11,9 @@ The llama.cpp engine has ``n_slots`` sequences in one context
    its slot's sequence;
 3. **one prompt chunk**: of the job admitted first among those still in
    prefill or saving their reply (first come first served, which minimises
-   the average time to first token); when it is the prompt's last chunk the
+   the average time to first token among prompts; a reply being saved was
+   admitted before any prompt still in prefill, so it goes first and frees
+   its slot soonest); when it is the prompt's last chunk the
    first token is sampled and sent at once, then the prompt's new span is
    saved for the cache;
 4. **one decode step**: one ``llama_decode`` with one token for every
