@@ -8,9 +8,11 @@ direct TCP connection.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 from typing import Any
 
+import multiaddr
 from libp2p.abc import IHost, INetConn, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
@@ -77,22 +79,41 @@ def relay_of(conn: Any) -> str | None:
 _IP_ATTR = "_p2pinfer_remote_ip"
 
 
+def ip_of(addr: str) -> str | None:
+    """The IP address a multiaddr names (normalised), or ``None``."""
+    try:
+        ma = multiaddr.Multiaddr(addr)
+    except Exception:
+        return None
+    for proto in ("ip4", "ip6"):
+        try:
+            value = ma.value_for_protocol(proto)
+        except Exception:
+            continue
+        if value:
+            try:
+                return str(ipaddress.ip_address(value))
+            except ValueError:
+                return None
+    return None
+
+
 def remote_ip(conn: Any) -> str | None:
     """The IP address at the other end of a direct connection (``None`` when
-    not known yet, or relayed); cached on the connection like :func:`is_relayed`."""
+    not known yet, or relayed); cached on the connection once known."""
     cached = getattr(conn, _IP_ATTR, None)
     if cached is not None:
-        return cached or None
+        return cached
     for addr in _addrs(conn):
         if "/p2p-circuit" in addr:
-            break
-        parts = addr.split("/")
-        if len(parts) > 2 and parts[1] in ("ip4", "ip6"):
+            return None
+        ip = ip_of(addr)
+        if ip is not None:
             try:
-                setattr(conn, _IP_ATTR, parts[2])
+                setattr(conn, _IP_ATTR, ip)
             except AttributeError:
                 pass
-            return parts[2]
+            return ip
     return None
 
 

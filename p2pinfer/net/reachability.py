@@ -49,7 +49,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from .connections import connections_of, is_relayed, open_stream_on, remote_ip, swarm_conn_of
+from .connections import connections_of, ip_of, is_relayed, open_stream_on, remote_ip, swarm_conn_of
 from .counters import NodeCounters
 from .framing import FrameError, FrameReader, finish_stream, write_frame
 from .wire import (
@@ -85,24 +85,6 @@ third of its idle CPU."""
 _SERVE_INTERVAL_S = 10.0
 """A requester may ask this server once per this many seconds."""
 _MAX_CONCURRENT_DIALBACKS = 4
-
-
-def _ip_of(addr: str) -> str | None:
-    try:
-        ma = multiaddr.Multiaddr(addr)
-    except Exception:
-        return None
-    for proto in ("ip4", "ip6"):
-        try:
-            value = ma.value_for_protocol(proto)
-        except Exception:
-            continue
-        if value:
-            try:
-                return str(ipaddress.ip_address(value))
-            except ValueError:
-                return None
-    return None
 
 
 _LOCAL_NETS = tuple(
@@ -292,7 +274,7 @@ class Reachability:
 
     def _judge(self, answer: DialBackAnswer, proved: bool) -> tuple[str, str]:
         if answer.status == "ok":
-            if proved and is_lan_ip(_ip_of(answer.addr) or ""):
+            if proved and is_lan_ip(ip_of(answer.addr) or ""):
                 return "lan", f"dialled back at LAN address {answer.addr}"
             if proved:
                 return "public", f"dialled back at {answer.addr} over a fresh connection"
@@ -368,7 +350,7 @@ class Reachability:
         self._served_at[key] = now
         if len(self._served_at) > 4096:
             self._served_at = {k: t for k, t in self._served_at.items() if now - t < _SERVE_INTERVAL_S}
-        matching = [a for a in addrs if _is_tcp(a) and _ip_of(a) == observed][:4]
+        matching = [a for a in addrs if _is_tcp(a) and ip_of(a) == observed][:4]
         if not matching:
             return encode_dialback_response(
                 "no-match", observed_ip=observed, message=f"none of {len(addrs)} addresses is at {observed}"
