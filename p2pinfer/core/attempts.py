@@ -163,6 +163,9 @@ class Attempt:
     check: str = ""
     """What a check of its answer found (``passed``, ``rejected``,
     ``failed_after_streaming``, ``error``), or empty when not checked."""
+    held_tokens: int = 0
+    """Tokens of its answer held back from the client until checked (a
+    probation answer's window, ``VerifyConfig.probation_hold_tokens``)."""
     path: str | None = None
     """``local``, or how the request reached the peer: ``direct``, ``hole-punched``
     or ``relayed`` (set by the driver; ``None`` when no stream was opened)."""

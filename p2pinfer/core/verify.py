@@ -28,11 +28,13 @@ raw distribution is not what they sample from), nor answers of no token.
 
 :class:`SpotChecks` decides which answers are checked: every answer of a
 peer *on probation* (the first ``probation_answers`` answers it gives this
-node, and again after a failed check), held back from the client until
-checked so that a wrong answer is never shown and the request continues
-elsewhere from the last verified token; and a ``fraction`` of the others,
-checked once they have been streamed (a failure then sanctions the peer but
-cannot take back what the client saw).
+node, and again after a failed check), whose first ``probation_hold_tokens``
+tokens are held back from the client until checked, so that an answer wrong
+from its start is never shown and the request continues elsewhere from the
+last verified token (the rest then streams and the whole answer is checked
+at its end); and a ``fraction`` of the others, checked once they have been
+streamed (a failure then sanctions the peer but cannot take back what the
+client saw).
 """
 
 from __future__ import annotations
@@ -90,6 +92,14 @@ class VerifyConfig:
     probation_answers: int = 2
     """Answers of a new peer (and of a peer after a failed check) that are
     checked before release; 0 turns probation off."""
+    probation_hold_tokens: int = 16
+    """A probation answer's first this many tokens are held and checked on
+    their own; once they pass they are released, the rest streams, and the
+    whole answer is checked at its end (its pass or failure is the probation
+    verdict). So a client waits one check of prompt + 16 tokens, not the
+    whole answer plus its check; a peer that answers the window honestly and
+    then lies has its lie shown once per origin before it is distrusted.
+    0: the whole answer is held until checked."""
     greedy_tolerance: float = 0.5
     """Nats by which a greedy token may fall short of the argmax."""
     sampling_z: float = 6.0
@@ -102,8 +112,8 @@ class VerifyConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.fraction <= 1.0:
             raise ValueError(f"verify_fraction must be in 0..1 (got {self.fraction})")
-        if self.probation_answers < 0:
-            raise ValueError("probation_answers must be >= 0")
+        if self.probation_answers < 0 or self.probation_hold_tokens < 0:
+            raise ValueError("probation_answers and probation_hold_tokens must be >= 0")
         if not self.greedy_tolerance > 0 or not self.sampling_z > 0:
             raise ValueError("greedy_tolerance and sampling_z must be positive")
         if self.max_checked_tokens < 1 or self.remembered_peers < 1:
@@ -202,6 +212,8 @@ class SpotChecks:
         self.checks = 0
         self.failures = 0
         self.checked_tokens = 0
+        self.windows_passed = 0
+        """Probation windows (``probation_hold_tokens``) that passed; their answers are checked again whole."""
 
     def on_probation(self, peer: str) -> bool:
         return self._passed.get(peer, 0) < self.config.probation_answers

@@ -3,7 +3,8 @@
 :class:`WrongTokenEngine` wraps a real engine and keeps everything honest
 (fingerprint, tokenizer, cache, load, the reuse it reports) except the
 answer: ``random`` returns uniformly random tokens of the vocabulary;
-``other-model`` returns what *another* model (the second test model, Gemma 3
+``late`` is honest for the first :data:`LATE_HONEST_TOKENS` tokens and
+random after them; ``other-model`` returns what *another* model (the second test model, Gemma 3
 270M, by default) answers to the same text, re-tokenised with the claimed
 model's tokenizer: a peer that runs a cheaper model than it claims. The
 lab's scripted node serves with it when started with
@@ -24,9 +25,12 @@ from ..core.peers import Load
 from ..core.radix import RadixTree
 from ..engines.base import ChatMessage, Engine, GenerationParams, GenerationRecord, PositionScore, TokenChunk
 
-__all__ = ["WRONG_TOKEN_MODES", "WrongTokenEngine", "other_model_path"]
+__all__ = ["LATE_HONEST_TOKENS", "WRONG_TOKEN_MODES", "WrongTokenEngine", "other_model_path"]
 
-WRONG_TOKEN_MODES = ("random", "other-model")
+WRONG_TOKEN_MODES = ("random", "other-model", "late")
+LATE_HONEST_TOKENS = 24
+"""``late``: the first this many tokens of each answer are honest, the rest random
+(past a probation window of 16: the liar the window lets through once)."""
 
 
 def other_model_path() -> str:
@@ -113,7 +117,11 @@ class WrongTokenEngine(Engine):
                 if isinstance(item, GenerationRecord):
                     yield item
                     continue
-                for _ in item.token_ids:
+                for honest in item.token_ids:
+                    if self.mode == "late" and n < LATE_HONEST_TOKENS:
+                        n += 1
+                        yield TokenChunk((honest,), self.inner.detokenize([honest]))
+                        continue
                     if wrong is not None:
                         if n >= len(wrong):
                             continue

@@ -193,9 +193,13 @@ class NodeServing:
             generated = 0
             event: Event
             check: CheckPlan = self._check_plan(action.peer, params) if isinstance(action, ForwardTo) else "none"
+            window = self.spot_checks.config.probation_hold_tokens if check == "hold" else 0
+            """Held tokens checked on their own before the rest streams (0: the whole answer is held)."""
             held: list[TokenChunk] = []
-            """Chunks of an answer held back until it is checked."""
+            """Chunks of an answer held back until they are checked."""
             answer: list[int] = []
+            rejected: Verdict | None = None
+            """The failed check of a held window (the peer's stream is dropped there)."""
             try:
                 async with aclosing(source) as items:
                     async for item in items:
@@ -203,6 +207,22 @@ class NodeServing:
                             answer.extend(item.token_ids)
                             if check == "hold":
                                 held.append(item)
+                                if not window or len(answer) < window:
+                                    continue
+                                assert isinstance(action, ForwardTo)
+                                verdict = await self._check_answer(action.peer, run_tokens, answer, params, deadline, final=False)
+                                if verdict is not None and not verdict.ok:
+                                    rejected = verdict
+                                    break
+                                # The window passed: it goes out, the rest streams and the
+                                # whole answer is checked at its end (the probation verdict).
+                                check = "after"
+                                life.current.held_tokens = len(answer)
+                                for chunk in held:
+                                    ttft = accept(chunk, ttft)
+                                    generated += len(chunk.token_ids)
+                                    yield chunk
+                                held = []
                                 continue
                             ttft = accept(item, ttft)
                             generated += len(item.token_ids)
@@ -211,35 +231,41 @@ class NodeServing:
                             record = item.record
                         else:
                             record = item
-                assert record is not None
-                event = AttemptDone(record.reused_tokens, generated)
-                if check != "none" and answer:
-                    assert isinstance(action, ForwardTo)
-                    verdict = await self._check_answer(action.peer, run_tokens, answer, params, deadline)
-                    release = len(held)
-                    if verdict is None:
+                verdict = rejected
+                if rejected is None:
+                    assert record is not None
+                    event = AttemptDone(record.reused_tokens, generated)
+                    if check != "none" and answer:
+                        assert isinstance(action, ForwardTo)
+                        verdict = await self._check_answer(action.peer, run_tokens, answer, params, deadline)
+                release = len(held)
+                if held:
+                    life.current.held_tokens = len(answer)
+                if verdict is None:
+                    if check != "none" and answer:
                         life.current.check = "error"
-                    elif verdict.ok:
-                        life.current.check = "passed"
-                    elif check == "hold":
-                        life.current.check = "rejected"
-                        release, kept = 0, 0  # whole chunks only, up to the last verified token
-                        while release < len(held) and kept + len(held[release].token_ids) <= verdict.verified_tokens:
-                            kept += len(held[release].token_ids)
-                            release += 1
-                        event = Rejected(kept, verdict.reason)
-                    else:
-                        life.current.check = "failed_after_streaming"
-                        event = AttemptDone(record.reused_tokens, generated, wrong=verdict.reason)
+                elif verdict.ok:
+                    life.current.check = "passed"
+                elif check == "hold":
+                    life.current.check = "rejected"
+                    release, kept = 0, 0  # whole chunks only, up to the last verified token
+                    while release < len(held) and kept + len(held[release].token_ids) <= verdict.verified_tokens:
+                        kept += len(held[release].token_ids)
+                        release += 1
+                    event = Rejected(kept, verdict.reason)
+                else:
+                    life.current.check = "failed_after_streaming"
+                    event = AttemptDone(record.reused_tokens if record else 0, generated, wrong=verdict.reason)
+                if life.current.check:
                     self.counters.answers_checked[life.current.check] += 1
-                    for chunk in held[:release]:
-                        ttft = accept(chunk, ttft)
-                        generated += len(chunk.token_ids)
-                        yield chunk
-                    if isinstance(event, AttemptDone):
-                        event = AttemptDone(event.reused_tokens, generated, event.wrong)
-                    else:
-                        record = None
+                for chunk in held[:release]:
+                    ttft = accept(chunk, ttft)
+                    generated += len(chunk.token_ids)
+                    yield chunk
+                if isinstance(event, AttemptDone):
+                    event = AttemptDone(event.reused_tokens, generated, event.wrong)
+                else:
+                    record = None
             except RemoteError as exc:
                 event = Refused(exc.code, exc.message, generated)
                 self._on_refusal(action, exc)
@@ -469,10 +495,13 @@ class NodeServing:
         return self.spot_checks.plan(peer)
 
     async def _check_answer(
-        self, peer: str, prompt: list[int], answer: list[int], params: GenerationParams, deadline: float
+        self, peer: str, prompt: list[int], answer: list[int], params: GenerationParams, deadline: float,
+        *, final: bool = True,
     ) -> Verdict | None:
         """Score ``answer`` after ``prompt`` on this node's engine and judge it;
-        ``None`` when the check could not run (the answer then passes unchecked)."""
+        ``None`` when the check could not run (the answer then passes unchecked).
+        ``final=False``: a probation window, whose pass is not yet a passed
+        answer (only the check of the whole answer counts towards probation)."""
         config = self.spot_checks.config
         answer = answer[: config.max_checked_tokens]
         greedy = params.temperature <= 0.0
@@ -489,7 +518,10 @@ class NodeServing:
             return None
         self.counters.tokens_checked += len(prompt) + len(answer)
         verdict = judge(scores, params, config)
-        self.spot_checks.record(peer, verdict)
+        if final or not verdict.ok:
+            self.spot_checks.record(peer, verdict)
+        else:
+            self.spot_checks.windows_passed += 1
         if not verdict.ok:
             log.warning("answer of %s failed its check: %s", peer, verdict.reason)
         return verdict

@@ -128,6 +128,8 @@ class NodeStatus:
             "enabled": cfg.enabled and self.engine.can_score,
             "verify_fraction": cfg.fraction,
             "probation_answers": cfg.probation_answers,
+            "probation_hold_tokens": cfg.probation_hold_tokens,
+            "probation_windows_passed": checks.windows_passed,
             "greedy_tolerance_nats": cfg.greedy_tolerance,
             "sampling_z": cfg.sampling_z,
             "checks": dict(self.counters.answers_checked),

@@ -82,6 +82,46 @@ def test_a_wrong_token_node_is_caught_on_its_first_answer_and_gets_no_more_traff
             n.close()
 
 
+def test_a_probation_answer_streams_once_its_window_passes_and_a_late_liar_is_caught_at_its_end() -> None:
+    """The first ``probation_hold_tokens`` (16) tokens of a probation answer are held and checked,
+    then the rest streams and the whole answer is checked at its end. An honest peer's long answer
+    is held for 16 tokens only; a liar honest for its first 24 tokens passes the window, and its
+    end check distrusts it (what it streamed after the window, the client saw: docs/security.md)."""
+    common = {"speed": 0.05}
+    a = NodeProcess(with_verify(fast_config(**common), fraction=0.1), "window-a")
+    nodes = [a]
+    try:
+        b = NodeProcess(fast_config(bootstrap=(a.addr,), **common), "window-b")
+        nodes.append(b)
+        x = NodeProcess(fast_config(bootstrap=(a.addr,), **common), "window-x", wrong_tokens="late")
+        nodes.append(x)
+        wait_until(lambda: eligible(a, [b.peer_id, x.peer_id]), 30, interval_s=0.1, what="a sees b and x")
+        honest = a.call("generate", tokens=tokens(4, 64), max_tokens=40, prefer=b.peer_id, stream=True, timeout_s=60)
+        last = honest["attempts"][-1]
+        assert honest["served_by"] == b.peer_id and last["check"] == "passed" and last["held_tokens"] == 16, honest["attempts"]
+        assert honest["token_ids"] == honest_answer(tokens(4, 64), 40)
+
+        prefix = tokens(1, 320)
+        x.call("generate", tokens=prefix + tokens(2, 16), max_tokens=1, prefer="local")  # x caches the prefix
+        wait_until(lambda: a.call("view")[x.peer_id]["blocks"] >= 320 // 16, 20, interval_s=0.1, what="x's digest at a")
+        prompt = prefix + tokens(3, 16)
+        result = a.call("generate", tokens=prompt, max_tokens=40, stream=True, timeout_s=60)
+        first = result["attempts"][0]
+        assert first["target"] == x.peer_id and first["held_tokens"] == 16, result["attempts"]
+        assert first["check"] == "failed_after_streaming", result["attempts"]
+        right = honest_answer(prompt, 40)
+        assert result["token_ids"][:24] == right[:24] and result["token_ids"][24:] != right[24:]
+        status = a.call("status")
+        assert x.peer_id in status["distrusted_peers"]
+        assert status["verification"]["checks"] == {"passed": 1, "failed_after_streaming": 1}
+        assert status["verification"]["probation_windows_passed"] == 2
+        r = a.call("generate", tokens=prefix + tokens(5, 16), max_tokens=4, timeout_s=60)
+        assert all(att["target"] != x.peer_id for att in r["attempts"]), r["attempts"]
+    finally:
+        for n in nodes:
+            n.close()
+
+
 def test_honest_llama_cpp_peers_with_other_thread_counts_pass_every_check() -> None:
     """Real SmolLM2 on both sides, the origin at 1 thread and batch 32, the peer at 2 threads and
     batch 128 with flash attention: every answer is checked (fraction 1) and none is rejected."""
