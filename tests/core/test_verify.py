@@ -74,7 +74,7 @@ def test_an_empty_answer_cannot_be_judged() -> None:
         judge([], GenerationParams(), VerifyConfig())
 
 
-@pytest.mark.parametrize("bad", [{"fraction": -0.1}, {"fraction": 1.5}, {"probation_answers": -1}, {"greedy_tolerance": 0}])
+@pytest.mark.parametrize("bad", [{"fraction": -0.1}, {"fraction": 1.5}, {"probation_answers": -1}, {"probation_hold_tokens": -1}, {"greedy_tolerance": 0}])
 def test_bad_verify_settings_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         VerifyConfig(**bad)
