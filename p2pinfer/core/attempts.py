@@ -311,7 +311,13 @@ class RequestAttempts:
         if attempt.local or attempt.resumed_tokens:
             return []  # a resumed forward's prompt was not the one predicted
         predicted = attempt.predicted_reused_tokens
-        if not self.router.on_forward_result(attempt.target, predicted, realised, now):
-            return []
-        self.router.on_peer_gone(attempt.target)
-        return [Sanction(attempt.target, f"it advertised {predicted} cached prompt tokens and reused {realised}")]
+        actions: list[Action] = []
+        owner = dict(self.decision.vouched_by).get(attempt.target)
+        if owner is not None and self.router.on_forward_result(owner, predicted, realised, now):
+            self.router.on_peer_gone(owner)
+            actions.append(Sanction(owner, f"its directory answer gave {attempt.target[:12]} {predicted} cached prompt tokens "
+                                           f"and it reused {realised}"))
+        if self.router.on_forward_result(attempt.target, predicted, realised, now):
+            self.router.on_peer_gone(attempt.target)
+            actions.append(Sanction(attempt.target, f"it advertised {predicted} cached prompt tokens and reused {realised}"))
+        return actions

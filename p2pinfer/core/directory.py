@@ -35,7 +35,7 @@ The wire format is versioned, size-limited and strictly decoded
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 import hashlib
 import math
@@ -79,10 +79,12 @@ __all__ = [
     "Resend",
     "anchor_of",
     "apply_answer",
+    "askable_owners",
     "decode_message",
     "make_query",
     "encode_message",
     "rendezvous_weight",
+    "vouched_by",
     "xor_of",
 ]
 
@@ -934,6 +936,32 @@ def apply_answer(view: PeerView, answer: Answer, now: float, fingerprint: str) -
             # The anchor is a chained hash seeded with the model fingerprint:
             # a holder registered under it runs this model.
             state.fingerprint = fingerprint
+
+
+def vouched_by(view: PeerView, answer: Answer, block_hashes: Sequence[int], owner: str) -> tuple[tuple[str, str], ...]:
+    """``(holder, owner)`` for each holder whose match in a decision comes from
+    ``owner``'s answer: more blocks than the entry's own view (its digests)
+    gives it. A forward to such a holder that reuses less than predicted is
+    evidence against the owner as well as the holder (an owner can name an
+    honest peer with blocks it never registered); judged by
+    :meth:`~p2pinfer.core.attempts.RequestAttempts` like a digest's claim.
+    An answer from this node's own store vouches for nothing beyond what the
+    holders registered."""
+    if owner == view.self_id:
+        return ()
+    own = view.longest_matches(block_hashes)
+    return tuple(
+        (h.holder, owner)
+        for h in answer.holders
+        if h.holder not in (view.self_id, owner) and min(h.match_blocks, len(block_hashes)) > own.get(h.holder, 0)
+    )
+
+
+def askable_owners(owners: Sequence[str], self_id: str, distrusted: Callable[[str], bool]) -> list[str]:
+    """An anchor's owners an entry may ask: not one it distrusts (a lying
+    owner's answers cost a forward each; without it the entry asks the next
+    replica, or decides with what it knows)."""
+    return [o for o in owners if o == self_id or not distrusted(o)]
 
 
 class DirectoryView:

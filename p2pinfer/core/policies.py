@@ -87,6 +87,10 @@ class Decision:
     """Ranked, the chosen one first; the rest are fallbacks."""
     digest_age_s: float | None = None
     est_ttft_ms: float | None = None
+    vouched_by: tuple[tuple[str, str], ...] = ()
+    """``(candidate, directory owner)``: candidates whose predicted match an
+    owner's answer gave (:func:`~p2pinfer.core.directory.vouched_by`); a
+    shortfall there counts against the owner too."""
 
     @property
     def is_local(self) -> bool:

@@ -18,6 +18,7 @@ on the wire towards the others.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from typing import Any
 
 import trio
 
+from ..core.peers import Load
 from ..core.router import Router
 from ..engines.base import GenerationParams, TokenChunk
 from ..node import GenerateResult, Node, RequestFailed
@@ -143,10 +145,11 @@ class Controller:
     async def cmd_directory_lookup(self, _id: Any, tokens: list[int]) -> list[dict[str, Any]] | None:
         """What a lookup for ``tokens`` answers now: holders with their matched blocks."""
         hashes = self.node.router.hasher.hashes(tokens)
-        answer = await self._directory().lookup(hashes, len(tokens))
-        if answer is None:
+        found = await self._directory().lookup(hashes, len(tokens))
+        if found is None:
             return None
-        return [{"holder": h.holder, "match_blocks": h.match_blocks, "queued": h.load.queued_prefill_tokens, "age_s": h.age_s} for h in answer.holders]
+        answer, owner = found
+        return [{"holder": h.holder, "owner": owner, "match_blocks": h.match_blocks, "queued": h.load.queued_prefill_tokens, "age_s": h.age_s} for h in answer.holders]
 
     async def cmd_directory_flush(self, _id: Any) -> None:
         """Send pending anchor changes now (instead of at the next update tick)."""
@@ -172,6 +175,25 @@ class Controller:
         assert info is not None, f"{holder} registered nothing here"
         d.store.apply(Register(holder, info[0], info[1], (AnchorUpdate(anchor, False, frozenset(), lost),)), time.monotonic())
         return len(d.store.holders(anchor).get(holder, frozenset()))
+
+    async def cmd_directory_lie(self, _id: Any, victims: list[str]) -> None:
+        """Fault: from now on this owner answers every query with one of
+        ``victims`` (in turn) holding the whole prompt, whatever was
+        registered: a lying owner that sends entries to peers that cache
+        nothing of it (docs/security.md)."""
+        from ..core.directory import Answer, AnswerHolder
+
+        d = self._directory()
+        turn = itertools.count()
+
+        def lie(query: Any, now: float, exclude: str = "") -> Answer:
+            names = [v for v in victims if v != exclude]
+            if not names:
+                return Answer(query.anchor, ())
+            victim = names[next(turn) % len(names)]
+            return Answer(query.anchor, (AnswerHolder(victim, query.depths()[-1], Load(), 0.0),))
+
+        d.store.answer = lie  # type: ignore[method-assign]
 
     async def cmd_wait_hash(self, _id: Any, peer: str, hash: int, timeout_s: float = 10.0) -> float:
         """Poll (1 ms) until our view of ``peer`` holds ``hash``; returns time.monotonic()."""

@@ -53,6 +53,7 @@ from ..core.directory import (
     AnchorTracker,
     AnchorUpdate,
     Answer,
+    askable_owners,
     DirectoryConfig,
     DirectoryError,
     DirectoryStore,
@@ -224,6 +225,7 @@ class DirectoryService:
         load: Callable[[], Load],
         timeout_s: float,
         registering: Callable[[], bool] = lambda: True,
+        distrusted: Callable[[str], bool] = lambda peer: False,
     ) -> None:
         self.host = host
         self.router = router
@@ -233,6 +235,8 @@ class DirectoryService:
         self._load = load
         self._timeout_s = timeout_s
         self._registering = registering
+        self._distrusted = distrusted
+        """Peers this node sanctioned (:class:`~p2pinfer.net.sanctions.PeerSanctions`): not asked."""
         self.store = DirectoryStore(router.hasher.block_size)
         self.tracker = AnchorTracker(router.hasher, config.anchor_blocks)
         self._lock = threading.Lock()
@@ -254,6 +258,8 @@ class DirectoryService:
         self.answers = 0
         self.blind = 0
         """Lookups that ended without an answer (every attempt failed or timed out)."""
+        self.skipped_distrusted = 0
+        """Lookups with no owner to ask: every owner of the anchor is distrusted here."""
         self._nursery: trio.Nursery | None = None
 
     def _on_cache_event(self, event: TreeEvent) -> None:
@@ -454,9 +460,11 @@ class DirectoryService:
             task_status.started()
 
     # -- the entry side ----------------------------------------------------------------
-    async def lookup(self, hashes: Sequence[int], prompt_tokens: int) -> Answer | None:
-        """Ask an owner of the request's anchor (the next replica on a timeout);
-        ``None``: no anchor (a short prompt) or no answer within the attempts."""
+    async def lookup(self, hashes: Sequence[int], prompt_tokens: int) -> tuple[Answer, str] | None:
+        """Ask an owner of the request's anchor (the next replica on a timeout)
+        that this node does not distrust; the answer and the owner that gave it,
+        or ``None``: no anchor (a short prompt), no owner to ask, or no answer
+        within the attempts."""
         query = make_query(hashes, prompt_tokens, self.config)
         if query is None:
             return None
@@ -464,13 +472,16 @@ class DirectoryService:
             moved = await self.placement.resolve([query.anchor], time.monotonic())
             if moved and self._nursery is not None:
                 self._nursery.start_soon(self.on_placement_changed, moved)
-        owners = self.placement.owners(query.anchor)
+        now = time.monotonic()
+        owners = askable_owners(self.placement.owners(query.anchor), self.self_id, self._distrusted)
         if not owners:
+            if self.placement.owners(query.anchor):
+                self.skipped_distrusted += 1
             return None
         self.lookups += 1
         if self.self_id in owners:
             self.answers += 1
-            return self.store.answer(query, time.monotonic(), exclude=self.self_id)
+            return self.store.answer(query, now, exclude=self.self_id), self.self_id
         start = random.randrange(len(owners))
         for attempt in range(self.config.query_attempts):
             owner = owners[(start + attempt) % len(owners)]
@@ -485,7 +496,7 @@ class DirectoryService:
                 continue
             assert isinstance(reply, Answer)
             self.answers += 1
-            return reply
+            return reply, owner
         self.blind += 1
         return None
 
@@ -509,4 +520,5 @@ class DirectoryService:
             "lookups": self.lookups,
             "answers": self.answers,
             "blind": self.blind,
+            "owners_distrusted": self.skipped_distrusted,
         }

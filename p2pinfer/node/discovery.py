@@ -21,12 +21,13 @@ nodes that speak the directory protocol are made owners of anchors.
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
+from dataclasses import replace
 import time
 from typing import Any
 
 import trio
 
-from ..core.directory import DirectoryView, apply_answer
+from ..core.directory import DirectoryView, apply_answer, vouched_by
 from ..core.policies import Decision
 from ..core.router import Router
 from ..engines.base import Engine
@@ -74,6 +75,7 @@ class NodeDiscovery:
             config=self.config.directory,
             load=self.engine.load,
             timeout_s=self.config.connect_timeout_s,
+            distrusted=lambda peer: self.sanctions.is_distrusted(peer),
         )
         self.host.set_stream_handler(DIRECTORY_PROTOCOL, self.directory.handle)
 
@@ -92,9 +94,14 @@ class NodeDiscovery:
         if not self.querying_directory():
             return router.route(tokens, self.engine.load(), time.monotonic())
         hashes = router.hasher.hashes(tokens)
-        answer = await self.directory.lookup(hashes, len(tokens))
+        found = await self.directory.lookup(hashes, len(tokens))
+        answer, owner = found if found is not None else (None, None)
         now = time.monotonic()
+        vouched: tuple[tuple[str, str], ...] = ()
         if answer is not None and answer.holders:
+            assert owner is not None
+            vouched = vouched_by(router.view, answer, hashes, owner)
             apply_answer(router.view, answer, now, router.fingerprint_hex)
         view = DirectoryView(router.view, answer, router.hasher.block_size)
-        return router.route(tokens, self.engine.load(), now, hashes=hashes, view=view)
+        decision, hashes = router.route(tokens, self.engine.load(), now, hashes=hashes, view=view)
+        return (replace(decision, vouched_by=vouched) if vouched else decision), hashes

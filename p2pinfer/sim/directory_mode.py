@@ -20,6 +20,7 @@ import time
 from ..core.directory import (
     AnchorCheck,
     Answer,
+    askable_owners,
     AnchorTracker,
     AnchorUpdate,
     DirectoryConfig,
@@ -54,7 +55,7 @@ class DirectoryMode:
     link_s: Callable[[SimNode, SimNode], float]
     _load_tick: Callable[[SimNode], None]
     _expire_tick: Callable[[SimNode], None]
-    _decide: Callable[[Req, SimNode, Answer | None, int], None]
+    _decide: Callable[..., None]
 
     def _init_directory(self, config: DirectoryConfig) -> None:
         self.dir_cfg = config
@@ -212,7 +213,7 @@ class DirectoryMode:
 
     def _ask(self, req: Req, node: SimNode, query: Query, attempt: int, hash_ns: int) -> None:
         d = self.dir_cfg
-        owners = self.membership.owners(query.anchor)
+        owners = askable_owners(self.membership.owners(query.anchor), node.id, lambda o: node.distrusts(o, self.now))
         if not owners:
             self._decide(req, node, None, hash_ns)
             return
@@ -252,9 +253,11 @@ class DirectoryMode:
         if self.config.loss and self.rng_loss.random() < self.config.loss:
             self.dir_lost += 1
             return
-        self.at(self.now + self.link_s(owner, entry), self._dir_answer_arrive, req, gen, token, entry, reply, back, hash_ns)
+        self.at(self.now + self.link_s(owner, entry), self._dir_answer_arrive, req, gen, token, entry, reply, back, hash_ns, owner.id)
 
-    def _dir_answer_arrive(self, req: Req, gen: int, token: int, entry: SimNode, reply: bytes, back: int, hash_ns: int) -> None:
+    def _dir_answer_arrive(
+        self, req: Req, gen: int, token: int, entry: SimNode, reply: bytes, back: int, hash_ns: int, owner: str
+    ) -> None:
         if not entry.alive:
             return
         entry.bytes_in += back
@@ -267,7 +270,7 @@ class DirectoryMode:
         assert isinstance(answer, Answer)
         self.dir_answered += 1
         self.dir_empty += not answer.holders
-        self._decide(req, entry, answer, hash_ns)
+        self._decide(req, entry, answer, hash_ns, owner)
 
     def _dir_timeout(self, req: Req, gen: int, token: int, entry: SimNode, query: Query, attempt: int, hash_ns: int) -> None:
         if gen != req.gen or req.done or req.lookup != token or not entry.alive:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 import heapq
 import math
 import random
@@ -45,7 +46,7 @@ from typing import Any
 
 from ..core.attempts import Action, Done, Fail, ForwardTo, PeerLost, Refused, Sanction, ServeHere
 from ..core.digest import Digest, decode_digest
-from ..core.directory import Answer, DirectoryView, apply_answer
+from ..core.directory import Answer, DirectoryView, apply_answer, vouched_by
 from ..core.peers import Load
 from ..core.policies import TtftEstimator, CostPolicy, Decision, LocalState, RouteRequest
 from ..core.radix import RadixTree
@@ -348,21 +349,26 @@ class Simulator(DirectoryMode):
             node.said_busy = busy
             self._publish_load(node)
 
-    def _decide(self, req: Req, node: SimNode, answer: Answer | None, hash_ns: int) -> None:
+    def _decide(self, req: Req, node: SimNode, answer: Answer | None, hash_ns: int, owner: str | None = None) -> None:
         """The entry's decision: the node's own policy object over its peer
-        view plus the directory's answer (the same CostPolicy code)."""
+        view plus the directory's answer from ``owner`` (the same CostPolicy
+        code; the holders it vouches for as the live node's ``route_tokens``)."""
         router = node.router
         now = self.now
         t0 = time.perf_counter_ns()
         if answer is not None and node.sanctioned:
             answer = Answer(answer.anchor, tuple(h for h in answer.holders if not node.distrusts(h.holder, now)))
+        vouched: tuple[tuple[str, str], ...] = ()
         if answer is not None and answer.holders:
+            vouched = vouched_by(router.view, answer, req.hashes, owner or node.id)
             apply_answer(router.view, answer, now, self.fingerprint_hex)
         bs = router.hasher.block_size
         match = max(node.cache.match(req.tokens, touch=False), router.in_service_match(req.hashes))
         local = LocalState(node.id, match, node.load(), True)
         request = RouteRequest(req.n_tokens, req.hashes, bs)
         decision = router.policy.decide(request, local, DirectoryView(router.view, answer, bs), now, router.rng)  # type: ignore[arg-type]
+        if vouched:
+            decision = replace(decision, vouched_by=vouched)
         self.decision_ns.append(time.perf_counter_ns() - t0 + hash_ns)
         self.lookup_ms.append((now - req.routed_at) * 1000.0)
         self._begin(req, node, decision, req.hashes)

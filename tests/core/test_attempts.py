@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from p2pinfer.core import LOCAL, Load, ModelFingerprint, RadixTree, Router, RouterConfig
@@ -80,6 +82,22 @@ def test_overclaiming_peer_is_sanctioned_after_its_trust_falls() -> None:
     assert actions[0] == [Finish()]
     assert actions[-1] == [Sanction("p1", "it advertised 128 cached prompt tokens and reused 0"), Finish()]
     assert "p1" not in r.view  # the edge keeps it out for distrust_s
+
+
+def test_a_shortfall_at_a_holder_a_directory_owner_vouched_for_counts_against_the_owner_too() -> None:
+    """An owner (p4) that names p1 and p2 in turn, neither holding anything: two
+    lies sanction the owner, while each named peer, wronged once, keeps its trust."""
+    r = router()
+    actions = []
+    for holder in ("p1", "p2"):
+        d = replace(decision([holder, LOCAL], predicted=128), vouched_by=((holder, "p4"),))
+        life = RequestAttempts(r, d, PROMPT)
+        life.start()
+        actions.append(life.handle(Done(reused_tokens=0), 1.0))
+    assert actions[0] == [Finish()]
+    assert actions[1] == [Sanction("p4", "its directory answer gave p2 128 cached prompt tokens and it reused 0"), Finish()]
+    assert "p4" not in r.view and "p1" in r.view and "p2" in r.view
+    assert r.view.get("p1").trust == r.view.get("p2").trust == 0.7  # type: ignore[union-attr]
 
 
 def test_a_resumed_forward_says_nothing_about_trust() -> None:

@@ -33,6 +33,7 @@ from p2pinfer.core.directory import (
     make_query,
     xor_of,
 )
+from p2pinfer.core.digest import Digest
 from p2pinfer.core.peers import MAX_REPORTED_SLOT_WAIT_MS, MAX_REPORTED_SLOTS
 from p2pinfer.core.policies import CostPolicy
 
@@ -472,3 +473,21 @@ def test_oversized_messages_are_refused_before_decoding() -> None:
         decode_message("not bytes")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         encode_message(object())  # type: ignore[arg-type]
+
+
+def test_an_owner_vouches_for_the_holders_its_answer_gives_more_than_the_entrys_digests() -> None:
+    from p2pinfer.core.directory import askable_owners, vouched_by
+
+    hashes = H.hashes(list(range(1, 16 * 8 + 1)))
+    view = PeerView(FP.hex(), "me")
+    view.apply_digest(Digest("full", "gossiper", FP.hex(), 1, added=frozenset(hashes[:6])), 0.0)
+    assert view.longest_matches(hashes) == {"gossiper": 6}
+    answer = Answer(hashes[3], (
+        AnswerHolder("gossiper", 6, Load(), 0.0),   # no more than its own digest says: nothing vouched
+        AnswerHolder("quiet", 8, Load(), 0.0),      # known only from the answer
+        AnswerHolder("owner", 8, Load(), 0.0),      # the owner naming itself is judged as the holder
+        AnswerHolder("me", 8, Load(), 0.0),
+    ))
+    assert vouched_by(view, answer, hashes, "owner") == (("quiet", "owner"),)
+    assert vouched_by(view, answer, hashes, "me") == ()  # this node's own store: the holders' registrations
+    assert askable_owners(["a", "me", "b"], "me", lambda o: o in ("a", "me")) == ["me", "b"]

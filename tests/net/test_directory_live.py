@@ -236,3 +236,35 @@ def test_auto_gossips_while_small_and_moves_to_the_directory_at_the_threshold(cl
     assert r["served_by"] == b.peer_id and r["reused_tokens"] == r["predicted_reused_tokens"] == 320, (
         r["reason"], c.call("directory"))
     assert c.call("directory")["answers"] == before + 1
+
+
+def test_a_lying_owner_is_distrusted_and_not_asked_while_the_peers_it_named_keep_their_trust(cluster):
+    """An owner answers every query with an honest peer that holds nothing of
+    the prompt (the lab's ``directory_lie``), naming two peers in turn. Each
+    forward's shortfall counts against the holder and against the owner that
+    vouched for it: the owner falls under the trust floor after two lies, the
+    peers it named after one each stay above it. The entry then asks no
+    distrusted owner and decides with what it knows."""
+    nodes = directory_swarm(cluster, names=["B", "A", "C", "D"], directory=replace(DIRECTORY, replicas=1))
+    shared = prompt(6000)
+    probe = nodes["B"]
+    (owner_id,) = probe.call("directory", tokens=shared)["owners"]
+    by_id = {n.peer_id: n for n in nodes.values()}
+    owner = by_id[owner_id]
+    entry, *victims = [n for n in nodes.values() if n.peer_id != owner_id]
+    owner.call("directory_lie", victims=[v.peer_id for v in victims])
+    served = []
+    for i in range(2):
+        r = entry.call("generate", tokens=shared + prompt(100 + i, 24), max_tokens=2)
+        served.append(r["served_by"])
+        assert r["predicted_reused_tokens"] == 336 and r["reused_tokens"] == 0, (r["reason"], r["attempts"])
+    assert sorted(served) == sorted(v.peer_id for v in victims)
+    status = entry.call("status")
+    assert owner_id in status["distrusted_peers"], status["distrusted_peers"]
+    assert all(v.peer_id not in status["distrusted_peers"] for v in victims)
+    before = entry.call("directory")
+    r = entry.call("generate", tokens=shared + prompt(200, 24), max_tokens=2)
+    assert r["served_locally"] and r["predicted_reused_tokens"] == 0, (r["reason"], r["attempts"])
+    after = entry.call("directory")
+    assert after["owners_distrusted"] == before["owners_distrusted"] + 1
+    assert after["sent"].get("query", 0) == before["sent"].get("query", 0)  # the liar was not asked
