@@ -71,6 +71,7 @@ __all__ = [
     "make_placement",
     "DirectoryConfig",
     "DirectoryError",
+    "DirectoryLimit",
     "DirectoryStore",
     "DirectoryView",
     "Query",
@@ -108,6 +109,10 @@ class DirectoryError(ValueError):
     """A directory message could not be decoded or breaks the schema."""
 
 
+class DirectoryLimit(DirectoryError):
+    """A register would put its holder over ``max_blocks_per_holder``."""
+
+
 @dataclass(frozen=True, slots=True)
 class DirectoryConfig:
     """Knobs of the directory, shared by holders, owners and entries."""
@@ -141,6 +146,14 @@ class DirectoryConfig:
     query_tail: int = 16
     """Blocks at the end of a query sent densely: where requests that share a
     prefix usually part (the new question, the new turn)."""
+    max_blocks_per_holder: int = 1 << 16
+    """Blocks one holder may have registered at one directory node (1 M tokens at
+    16 per block, more than any engine's cache); a register past it is refused
+    (``LIMIT``) and that holder's records dropped: an owner's memory is bounded
+    per peer."""
+    max_holders: int = 4096
+    """Holders one directory node keeps records of; a new one past it takes the
+    place of the one heard from least recently."""
     placement: str = "rendezvous"
     """Who owns an anchor: ``kademlia``, the peers closest to its key in
     py-libp2p's KadDHT keyspace (:class:`KademliaPlacement`, what the live
@@ -149,8 +162,10 @@ class DirectoryConfig:
     the simulator's published directory runs, which predate the live node)."""
 
     def __post_init__(self) -> None:
-        if min(self.anchor_blocks, self.replicas, self.query_stride, self.query_tail, self.query_attempts) < 1:
-            raise ValueError("anchor_blocks, replicas, query_stride, query_tail and query_attempts must be >= 1")
+        if min(self.anchor_blocks, self.replicas, self.query_stride, self.query_tail, self.query_attempts,
+               self.max_blocks_per_holder, self.max_holders) < 1:
+            raise ValueError("anchor_blocks, replicas, query_stride, query_tail, query_attempts, "
+                             "max_blocks_per_holder and max_holders must be >= 1")
         if not 1 <= self.answer_holders <= MAX_ANSWER_HOLDERS:
             raise ValueError(f"answer_holders must be in 1..{MAX_ANSWER_HOLDERS}")
         if min(self.update_interval_s, self.refresh_s, self.entry_ttl_s, self.query_timeout_s) <= 0:
@@ -529,10 +544,11 @@ class Answer:
     holders: tuple[AnswerHolder, ...]
 
 
-REFUSAL_CODES = ("BAD_REQUEST", "TOO_LARGE", "NOT_HOLDER", "INTERNAL")
+REFUSAL_CODES = ("BAD_REQUEST", "TOO_LARGE", "NOT_HOLDER", "LIMIT", "INTERNAL")
 """Why a directory node refused a message: malformed or unexpected, over the
-size limit, a register naming a holder other than the stream's peer, or its
-own failure."""
+size limit, a register naming a holder other than the stream's peer, a
+holder over ``max_blocks_per_holder`` (its records are dropped), or its own
+failure."""
 MAX_REFUSAL_TEXT = 512
 
 
@@ -771,12 +787,18 @@ class DirectoryStore:
     """What one directory node knows: for each anchor it owns, who holds
     which blocks under it, and each holder's last reported load."""
 
-    def __init__(self, block_size: int = 16) -> None:
+    def __init__(self, block_size: int = 16, *, max_blocks_per_holder: int = 1 << 16, max_holders: int = 4096) -> None:
         self.block_size = block_size
+        self.max_blocks_per_holder = max_blocks_per_holder
+        self.max_holders = max_holders
         self._records: dict[int, dict[str, _Record]] = {}
         self._index: dict[int, dict[int, dict[str, None]]] = {}
         """anchor -> block hash -> holders (dicts: deterministic order)."""
         self._holders: dict[str, _Holder] = {}
+        self._blocks: dict[str, int] = {}
+        """Blocks each holder has registered here, over all anchors."""
+        self.refused_over_limit = 0
+        self.holders_evicted = 0
 
     def anchors(self) -> list[int]:
         return list(self._records)
@@ -793,6 +815,7 @@ class DirectoryStore:
         if recs is None or holder not in recs:
             return
         rec = recs.pop(holder)
+        self._blocks[holder] = self._blocks.get(holder, 0) - len(rec.hashes)
         index = self._index[anchor]
         for h in rec.hashes:
             hs = index.get(h)
@@ -811,6 +834,10 @@ class DirectoryStore:
         known = self._holders.get(holder)
         if known is not None and known.epoch != msg.epoch:
             self.drop_holder(holder)
+        if holder not in self._holders and len(self._holders) >= self.max_holders:
+            oldest = min(self._holders, key=lambda h: self._holders[h].load_at)
+            self.drop_holder(oldest)
+            self.holders_evicted += 1
         self._holders[holder] = _Holder(msg.epoch, msg.load, now)
         for u in msg.updates:
             recs = self._records.setdefault(u.anchor, {})
@@ -835,8 +862,15 @@ class DirectoryStore:
                 index.setdefault(h, {})[holder] = None
             rec.hashes -= gone
             rec.hashes |= new
+            self._blocks[holder] = self._blocks.get(holder, 0) + len(new) - len(gone)
             if not rec.hashes:
                 self._drop(u.anchor, holder)
+        if self._blocks.get(holder, 0) > self.max_blocks_per_holder:
+            count = self._blocks[holder]
+            self.drop_holder(holder)
+            self.refused_over_limit += 1
+            raise DirectoryLimit(f"holder {holder} registered {count} blocks here, the limit is "
+                                 f"{self.max_blocks_per_holder}: its records are dropped")
         resend = []
         for c in msg.checks:
             rec = self._records.get(c.anchor, {}).get(holder)
@@ -856,6 +890,7 @@ class DirectoryStore:
         for anchor in [a for a, recs in self._records.items() if holder in recs]:
             self._drop(anchor, holder)
         self._holders.pop(holder, None)
+        self._blocks.pop(holder, None)
 
     def drop_anchor(self, anchor: int) -> None:
         """Forget an anchor (this node no longer owns it)."""
@@ -870,6 +905,7 @@ class DirectoryStore:
         live = {h for recs in self._records.values() for h in recs}
         for h in [h for h in self._holders if h not in live]:
             del self._holders[h]
+            self._blocks.pop(h, None)
         return len(stale)
 
     def answer(self, query: Query, now: float, exclude: str = "") -> Answer:

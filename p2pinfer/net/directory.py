@@ -54,6 +54,7 @@ from ..core.directory import (
     AnchorUpdate,
     Answer,
     askable_owners,
+    DirectoryLimit,
     DirectoryConfig,
     DirectoryError,
     DirectoryStore,
@@ -237,7 +238,8 @@ class DirectoryService:
         self._registering = registering
         self._distrusted = distrusted
         """Peers this node sanctioned (:class:`~p2pinfer.net.sanctions.PeerSanctions`): not asked."""
-        self.store = DirectoryStore(router.hasher.block_size)
+        self.store = DirectoryStore(router.hasher.block_size, max_blocks_per_holder=config.max_blocks_per_holder,
+                                    max_holders=config.max_holders)
         self.tracker = AnchorTracker(router.hasher, config.anchor_blocks)
         self._lock = threading.Lock()
         """Cache events may come from an engine thread; the tracker is read on trio's."""
@@ -301,7 +303,11 @@ class DirectoryService:
                 self.refused["NOT_HOLDER"] += 1
                 return Refusal("NOT_HOLDER", f"a register from {peer} names holder {msg.holder}")
             self.received["register"] += 1
-            return Resend(tuple(self.store.apply(msg, now)))
+            try:
+                return Resend(tuple(self.store.apply(msg, now)))
+            except DirectoryLimit as exc:
+                self.refused["LIMIT"] += 1
+                return Refusal("LIMIT", str(exc))
         if isinstance(msg, Query):
             self.received["query"] += 1
             return self.store.answer(msg, now, exclude=peer)
@@ -364,11 +370,14 @@ class DirectoryService:
             for owner, (ups, cks) in batches.items():
                 msg = Register(self.self_id, epoch, load, tuple(ups), tuple(cks))
                 if owner == self.self_id:
-                    resend = self.store.apply(msg, time.monotonic())
-                    if resend:
-                        with self._lock:
-                            full = self.tracker.full(resend, clear_pending=False)
-                        self.store.apply(Register(self.self_id, epoch, load, tuple(full)), time.monotonic())
+                    try:
+                        resend = self.store.apply(msg, time.monotonic())
+                        if resend:
+                            with self._lock:
+                                full = self.tracker.full(resend, clear_pending=False)
+                            self.store.apply(Register(self.self_id, epoch, load, tuple(full)), time.monotonic())
+                    except DirectoryLimit as exc:  # our own cache is over the limit: not registered here
+                        log.warning("directory: %s", exc)
                     continue
                 nursery.start_soon(self._register_with, owner, msg, kind)
 

@@ -77,7 +77,8 @@ class DirectoryMode:
         cfg, d = self.config, self.dir_cfg
         node.anchors = AnchorTracker(node.router.hasher, d.anchor_blocks)
         node.cache.subscribe(node.anchors.on_event)
-        node.store = DirectoryStore(node.router.hasher.block_size)
+        node.store = DirectoryStore(node.router.hasher.block_size, max_blocks_per_holder=self.dir_cfg.max_blocks_per_holder,
+                                    max_holders=self.dir_cfg.max_holders)
         g = cfg.gossip
         phase = self.rng_phase.random
         self.at(self.now + phase() * g.load_interval_s, self._load_tick, node)

@@ -491,3 +491,25 @@ def test_an_owner_vouches_for_the_holders_its_answer_gives_more_than_the_entrys_
     assert vouched_by(view, answer, hashes, "owner") == (("quiet", "owner"),)
     assert vouched_by(view, answer, hashes, "me") == ()  # this node's own store: the holders' registrations
     assert askable_owners(["a", "me", "b"], "me", lambda o: o in ("a", "me")) == ["me", "b"]
+
+
+def test_a_holder_over_its_block_limit_is_refused_and_dropped_and_the_oldest_holder_makes_room() -> None:
+    from p2pinfer.core.directory import DirectoryLimit, Refusal
+
+    store = DirectoryStore(max_blocks_per_holder=5, max_holders=2)
+    store.apply(reg("a", H1[K - 1 : K + 2]), 0.0)  # 3 blocks
+    store.apply(reg("a", H1[K + 2 : K + 4]), 1.0)  # 5 in all: at the limit, kept
+    assert len(store.holders(ANCHOR)["a"]) == 5
+    with pytest.raises(DirectoryLimit, match="6 blocks here, the limit is 5"):
+        store.apply(reg("a", H1[K + 4 : K + 5]), 2.0)
+    assert "a" not in store.holders(ANCHOR) and store.holder_info("a") is None and store.refused_over_limit == 1
+    # A full re-registration of what it holds replaces, not adds: 4 blocks, kept.
+    store.apply(reg("a", H1[K - 1 : K + 3], full=True), 3.0)
+    store.apply(reg("a", H1[K - 1 : K + 3], full=True), 4.0)
+    assert len(store.holders(ANCHOR)["a"]) == 4
+    store.apply(reg("b", H2[K - 1 : K]), 5.0)
+    store.apply(reg("c", H2[K - 1 : K]), 6.0)  # a third holder: "a" was heard from least recently
+    assert set(store.holders(ANCHOR)) == {"b", "c"} and store.holders_evicted == 1
+    assert decode_message(encode_message(Refusal("LIMIT", "over"))) == Refusal("LIMIT", "over")
+    with pytest.raises(ValueError, match="max_holders"):
+        DirectoryConfig(max_holders=0)

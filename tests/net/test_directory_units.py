@@ -120,6 +120,17 @@ def test_garbage_and_replies_are_refused_with_a_reason():
     assert service.refused == {"BAD_REQUEST": 2}
 
 
+def test_a_holder_past_its_block_limit_is_refused_and_forgotten():
+    service, router = _service()
+    service.store.max_blocks_per_holder = 8
+    holder = peer_ids(1)[0]
+    hashes = router.hasher.hashes(list(range(1000, 1000 + 160)))  # 10 blocks
+    reg = Register(holder, 1, Load(), (AnchorUpdate(hashes[3], True, frozenset(hashes)),))
+    reply = service.on_message(holder, encode_message(reg), 0.0)
+    assert isinstance(reply, Refusal) and reply.code == "LIMIT" and "the limit is 8" in reply.message
+    assert service.store.anchors() == [] and service.refused == {"LIMIT": 1}
+
+
 class _Bucket:
     def __init__(self, size: int) -> None:
         self._size, self.bucket_size = size, 20
