@@ -276,6 +276,7 @@ class LlamaCppEngine(Engine):
             max_queue=max_queue,
             slots=self.slots,
             max_reuse=_max_reuse,
+            cache=self._cache,
         )
         self._closed = False
         from .slot_loop import SlotLoop  # noqa: PLC0415 - imports llama_cpp
@@ -456,7 +457,9 @@ class LlamaCppEngine(Engine):
         prompt = list(tokens)
         n = len(prompt)
         try:
-            ticket = self.queue.admit(prompt, self._cache.match(prompt, touch=False), params.max_tokens)
+            # Touch: the prefix is used from now on, so the prompts queued
+            # ahead do not evict it before it starts (issue 22).
+            ticket = self.queue.admit(prompt, self._cache.match(prompt), params.max_tokens)
         except QueueFull as exc:
             raise EngineOverloadedError(str(exc)) from None
         send, receive = trio.open_memory_channel[Any](math.inf)  # a slow reader never holds up the loop

@@ -89,7 +89,7 @@ class SimulatedEngine(Engine):
         self.cost = (cost or EngineCostModel()).scaled(speed) if speed != 1.0 else (cost or EngineCostModel())
         self._lock = trio.Lock()  # FIFO: one request at a time, like one llama.cpp context
         # Its speed is its cost model's, known: nothing to measure.
-        self.queue = EngineQueue(ms_per_token=self.cost.prefill_ms_per_token, max_queue=max_queue)
+        self.queue = EngineQueue(ms_per_token=self.cost.prefill_ms_per_token, max_queue=max_queue, cache=self._cache)
 
     @property
     def fingerprint(self) -> ModelFingerprint:
@@ -134,7 +134,8 @@ class SimulatedEngine(Engine):
         tokens = list(tokens)
         t0 = time.perf_counter()
         try:
-            ticket = self.queue.admit(tokens, self._cache.match(tokens, touch=False))
+            # Touch: the prefix is used from now on (see the llama.cpp engine; issue 22).
+            ticket = self.queue.admit(tokens, self._cache.match(tokens))
         except QueueFull as exc:
             raise EngineOverloadedError(str(exc)) from None
         try:

@@ -222,7 +222,11 @@ class Simulator(DirectoryMode):
 
     def _cost_rule(self) -> CostPolicy:
         cfg = self.config
-        return CostPolicy(estimator=TtftEstimator(work_weight=cfg.work_weight, drain_reported_queue=cfg.drain_reported_queue))
+        return CostPolicy(estimator=TtftEstimator(
+            work_weight=cfg.work_weight, drain_reported_queue=cfg.drain_reported_queue,
+            eviction_weight=cfg.eviction_weight, eviction_amortised=cfg.eviction_amortised,
+            eviction_only_copies=cfg.eviction_only_copies,
+        ))
 
     # -- gossip --------------------------------------------------------------
     def _publish(self, src: SimNode, kind: str, obj: Any, payload_len: int, wire_len: int) -> None:
@@ -364,7 +368,7 @@ class Simulator(DirectoryMode):
             apply_answer(router.view, answer, now, self.fingerprint_hex)
         bs = router.hasher.block_size
         match = max(node.cache.match(req.tokens, touch=False), router.in_service_match(req.hashes))
-        local = LocalState(node.id, match, node.load(), True)
+        local = LocalState(node.id, match, node.load(), True, router.tracker.listed)
         request = RouteRequest(req.n_tokens, req.hashes, bs)
         decision = router.policy.decide(request, local, DirectoryView(router.view, answer, bs), now, router.rng)  # type: ignore[arg-type]
         if vouched:
@@ -467,7 +471,7 @@ class Simulator(DirectoryMode):
         tokens = job.req.tokens
         router = node.router
         hashes = router.hasher.hashes(tokens)
-        job.ticket = node.engine.admit(tokens, node.cache.match(tokens, touch=False))
+        job.ticket = node.engine.admit(tokens, node.cache.match(tokens, touch=self.config.touch_on_admit))
         job.in_service = router.begin_serving(tokens, hashes=hashes)
         node.queue.append(job)
         if node.engine.can_start():
