@@ -112,12 +112,6 @@ class BlockHasher:
                 append(int.from_bytes(prev, "little"))
         return out
 
-    def last_block_hash(self, tokens: Sequence[int]) -> int:
-        """The hash of the last full block of ``tokens`` (0: none): what a
-        digest lists for holding all of them, up to the block boundary."""
-        hashes = self.hashes(tokens)
-        return hashes[-1] if hashes else 0
-
     def blocks_covered(self, n_tokens: int) -> int:
         """Number of full blocks in a prefix of ``n_tokens`` tokens."""
         return n_tokens // self.block_size

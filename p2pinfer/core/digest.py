@@ -11,7 +11,7 @@ raises :class:`DigestError` and nothing else.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence, Set as AbstractSet
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 import struct
 from typing import Any, Literal
@@ -183,11 +183,6 @@ class DigestTracker:
     @property
     def hashes(self) -> frozenset[int]:
         return frozenset(self._held)
-
-    @property
-    def listed(self) -> AbstractSet[int]:
-        """What the digest lists now, live and without a copy (read it, never change it)."""
-        return self._held
 
     def __len__(self) -> int:
         return len(self._held)

@@ -34,10 +34,6 @@ as a live engine does:
   requests waiting ahead take the slots in arrival order as they free.
   Without a decode speed (``decode_ms_per_token`` never given) the wait
   is not estimated (0).
-* **the cache** (``Load.cache_tokens``, ``cache_capacity_tokens``,
-  ``eviction_profile``; issue 22): given the engine's
-  :class:`~p2pinfer.core.radix.RadixTree`, how full it is and what its LRU
-  would evict next, so that peers can count what a placement here destroys.
 
 It only counts: the FIFO gate itself (a trio semaphore in an engine, a
 deque in the simulator) stays with its owner.
@@ -50,7 +46,6 @@ from dataclasses import dataclass
 import heapq
 
 from .peers import Load
-from .radix import RadixTree
 
 __all__ = ["EngineQueue", "PromptsAhead", "QueueFull", "Ticket", "shared_prefix_len"]
 
@@ -141,7 +136,6 @@ class EngineQueue:
         slots: int = 1,
         max_reuse: Callable[[int], int] | None = None,
         decode_ms_per_token: float | None = None,
-        cache: RadixTree | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError("an engine serves at least one request at a time")
@@ -151,11 +145,6 @@ class EngineQueue:
         self.speed_measured = speed_measured
         self._max_reuse = max_reuse
         self.decode_ms_per_token = decode_ms_per_token
-        self.cache = cache
-        """The engine's prefix cache, reported in :meth:`load` (None: not reported)."""
-        self.anchor: Callable[[Sequence[int]], int] | None = None
-        """Names a cached path by its digest block hash in the eviction profile
-        (the node's ``BlockHasher.last_block_hash``; set by whoever owns the hasher)."""
         self.ahead = PromptsAhead()
         self._tickets: list[Ticket] = []
         """Accepted and not finished, in arrival order."""
@@ -171,13 +160,7 @@ class EngineQueue:
         is needed for the wait for a free slot, else it is reported as 0."""
         free = max(0, self.slots - self.active)
         wait = self.slot_wait_ms(now) if now is not None and not free else 0.0
-        load = Load(max(0, self.queued), self.ms_per_token, self.active, self.slots, free, wait, self.speed_measured)
-        cache = self.cache
-        if cache is not None and cache.capacity_tokens:
-            load.cache_tokens = cache.total_tokens
-            load.cache_capacity_tokens = cache.capacity_tokens
-            load.eviction_profile = cache.eviction_profile(anchor=self.anchor)
-        return load
+        return Load(max(0, self.queued), self.ms_per_token, self.active, self.slots, free, wait, self.speed_measured)
 
     def slot_wait_ms(self, now: float) -> float:
         """How long a request arriving at ``now`` waits for a free slot (see the module docstring)."""

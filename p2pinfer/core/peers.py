@@ -8,16 +8,15 @@ answer. Time is passed in (seconds on any monotonic clock), never read.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence, Set as AbstractSet
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence, Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 from sortedcontainers import SortedList
 
 from .digest import Digest
-from .radix import EVICTION_PROFILE_STEPS, EvictionStep
 
-__all__ = ["ApplyResult", "Load", "PeerState", "PeerView", "eviction_profile_error", "longest_prefix_holders"]
+__all__ = ["ApplyResult", "Load", "PeerState", "PeerView", "longest_prefix_holders"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -72,15 +71,6 @@ class Load:
     not a measurement (a live engine before its first timed prefill): the
     ``cost`` policy then does not compare it with peers' measured speeds
     (see ``policies.local_speed``)."""
-    cache_tokens: int = 0
-    """Tokens its prefix cache holds now."""
-    cache_capacity_tokens: int = 0
-    """Its cache budget in tokens; 0: unknown (a node that does not say),
-    and then no placement there is counted as evicting anything."""
-    eviction_profile: tuple[EvictionStep, ...] = ()
-    """What its LRU would evict next (:meth:`RadixTree.eviction_profile`):
-    at most :data:`~p2pinfer.core.radix.EVICTION_PROFILE_STEPS` reused
-    entries; fewer means nothing else it caches was ever reused."""
 
     def wait_ms(self) -> float:
         """How long a request arriving now waits before its own prefill: the
@@ -88,63 +78,6 @@ class Load:
         first served) or a slot to free, whichever is longer; the two
         overlap, since prompts ahead are prefilled while it waits for a slot."""
         return max(self.queued_prefill_tokens * self.prefill_ms_per_token, self.slot_wait_ms)
-
-    def evicted_reused_rate(self, only_copy: Callable[[int], bool] | None = None) -> float:
-        """Reused tokens lost per token evicted, over the profile's entries
-        (0 when it lists none). ``only_copy(anchor)``: whether an entry is the
-        swarm's only copy; entries held elsewhere are not counted (losing
-        them costs a forward, not a re-prefill). None: every entry counts."""
-        lost = freed = prev = 0
-        for step in self.eviction_profile:
-            size = step.lost - prev
-            prev = step.lost
-            freed = step.freed_before + size
-            if only_copy is None or not step.anchor or only_copy(step.anchor):
-                lost += size
-        return lost / freed if freed else 0.0
-
-    def evicted_reused_tokens(self, adding: int, only_copy: Callable[[int], bool] | None = None) -> int:
-        """Reused tokens this cache would lose to ``adding`` more (issue 22).
-
-        Free room first, then the profile's entries in eviction order; past
-        a full profile every further token is assumed to be a reused one.
-        ``only_copy``: as in :meth:`evicted_reused_rate`."""
-        if self.cache_capacity_tokens <= 0:
-            return 0
-        need = self.cache_tokens + adding - self.cache_capacity_tokens
-        if need <= 0:
-            return 0
-        counted = prev = freed = 0
-        for step in self.eviction_profile:
-            if step.freed_before >= need:
-                return counted
-            size = step.lost - prev
-            prev = step.lost
-            freed = step.freed_before + size
-            if only_copy is None or not step.anchor or only_copy(step.anchor):
-                counted += size
-        if len(self.eviction_profile) >= EVICTION_PROFILE_STEPS and need > freed:
-            counted += need - freed
-        return counted
-
-
-def eviction_profile_error(profile: Sequence[EvictionStep], cache_tokens: int) -> str | None:
-    """Why ``profile`` cannot describe a cache of ``cache_tokens`` (None: it can).
-
-    At most :data:`~p2pinfer.core.radix.EVICTION_PROFILE_STEPS` steps, each
-    losing a non-empty entry after what the steps before it freed, and no
-    more evicted than the cache holds."""
-    if len(profile) > EVICTION_PROFILE_STEPS:
-        return f"more than {EVICTION_PROFILE_STEPS} eviction steps"
-    freed = lost = 0
-    for step in profile:
-        if step.freed_before < freed or step.lost <= lost:
-            return "eviction steps out of order"
-        freed = step.freed_before + step.lost - lost
-        lost = step.lost
-    if freed > cache_tokens:
-        return "eviction profile evicts more than the cache holds"
-    return None
 
 
 MAX_REPORTED_SLOTS = 4096
@@ -384,10 +317,6 @@ class PeerView:
     def longest_matches(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """Peers holding a prefix of ``block_hashes`` -> matched blocks."""
         return longest_prefix_holders(self._index, block_hashes)
-
-    def holders(self, block_hash: int) -> AbstractSet[str]:
-        """Peers whose digest lists ``block_hash`` (empty: none)."""
-        return self._index.get(block_hash, frozenset())
 
     def hashes_indexed(self) -> int:
         return len(self._index)

@@ -9,7 +9,7 @@ when the chosen peer refuses (BUSY) or dies.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence, Set as AbstractSet
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 import random
 import statistics
@@ -56,9 +56,6 @@ class LocalState:
     load: Load
     can_serve: bool = True
     """False for a node without an engine (a pure entry point)."""
-    cached_hashes: AbstractSet[int] = frozenset()
-    """The block hashes its own digest lists: a peer's cache entry this node
-    also holds is not the swarm's only copy (see ``TtftEstimator.eviction_weight``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +68,9 @@ class Candidate:
     queue_ms: float = 0.0
     prefill_ms: float = 0.0
     digest_age_s: float | None = None
-    evict_ms: float = 0.0
-    """Expected re-prefill of the reused prefixes serving it here would evict
-    (see ``TtftEstimator.eviction_weight``): a cost to later requests, not
-    to this one's TTFT."""
     score_ms: float | None = None
     """What ``cost`` ranks by: ``est_ttft_ms`` plus ``work_weight`` x prefill
-    plus ``evict_ms`` (see :class:`TtftEstimator`); ``None`` means ``est_ttft_ms``."""
+    (see :class:`TtftEstimator`); ``None`` means ``est_ttft_ms``."""
 
     @property
     def score(self) -> float:
@@ -122,7 +115,6 @@ class Decision:
                     "rtt_ms": c.rtt_ms,
                     "queue_ms": round(c.queue_ms, 3),
                     "prefill_ms": round(c.prefill_ms, 3),
-                    "evict_ms": round(c.evict_ms, 3),
                 }
                 for c in self.candidates
             ],
@@ -181,18 +173,6 @@ class TtftEstimator:
     Without it a 1 s old report overstates a busy peer's queue by up to
     1 s, and cold local recomputes replace cheap forwards (simulator,
     docs/results.md, issue 6)."""
-    eviction_weight: float = 0.0
-    """Weight of what a placement destroys (issue 22): the reused tokens the
-    candidate's cache would evict to hold this prompt's uncached part (and
-    the prompts queued ahead of it), from its load report's cache occupancy,
-    capacity and eviction profile (:meth:`Load.evicted_reused_tokens`), at
-    its prefill speed: the re-prefill a later request for them would need.
-    0: placement ignores how full caches are."""
-    eviction_amortised: bool = False
-    eviction_only_copies: bool = False
-    """Lab switch: count only entries no other node's digest lists."""
-    """Lab switch: count reused tokens lost at the profile's average rate
-    per evicted token instead of stepping through its entries."""
 
     def candidate(
         self,
@@ -202,7 +182,6 @@ class TtftEstimator:
         load: Load,
         rtt_ms: float,
         digest_age_s: float | None = None,
-        only_copy: Callable[[int], bool] | None = None,
     ) -> Candidate:
         # A full hit still prefills the last token to produce the first output.
         uncached = max(1, prompt_tokens - match_tokens)
@@ -210,19 +189,6 @@ class TtftEstimator:
         queue_ms = load.wait_ms()
         prefill_ms = uncached * ms
         est = rtt_ms + queue_ms + prefill_ms
-        evict_ms = 0.0
-        if self.eviction_weight:
-            # Marginal: what the prompts queued ahead evict is theirs, not this one's.
-            ahead = load.queued_prefill_tokens
-            new = max(0, prompt_tokens - match_tokens)
-            copy = only_copy if self.eviction_only_copies else None
-            if self.eviction_amortised:
-                room = max(0, load.cache_capacity_tokens - load.cache_tokens - ahead) if load.cache_capacity_tokens else new
-                lost = load.evicted_reused_rate(copy) * max(0, new - room)
-            else:
-                lost = load.evicted_reused_tokens(ahead + new, copy)
-                lost -= load.evicted_reused_tokens(ahead, copy) if ahead else 0
-            evict_ms = self.eviction_weight * lost * ms
         return Candidate(
             target=target,
             predicted_match_tokens=match_tokens,
@@ -231,17 +197,14 @@ class TtftEstimator:
             queue_ms=queue_ms,
             prefill_ms=prefill_ms,
             digest_age_s=digest_age_s,
-            evict_ms=evict_ms,
         )
 
     def weigh_work(self, candidates: list[Candidate]) -> list[Candidate]:
-        """Give each candidate its ranking score (see ``work_weight`` and ``eviction_weight``)."""
+        """Give each candidate its ranking score (see ``work_weight``)."""
         w = self.work_weight
-        if self.work_only_under_contention and not any(c.queue_ms > 0 for c in candidates):
-            w = 0.0
-        if not w and not any(c.evict_ms for c in candidates):
+        if not w or (self.work_only_under_contention and not any(c.queue_ms > 0 for c in candidates)):
             return candidates
-        return [replace(c, score_ms=c.est_ttft_ms + w * c.prefill_ms + c.evict_ms) for c in candidates]
+        return [replace(c, score_ms=c.est_ttft_ms + w * c.prefill_ms) for c in candidates]
 
 
 def _eligible(view: PeerView, now: float) -> list[PeerState]:
@@ -321,7 +284,6 @@ def _candidates(
     local: LocalState | None,
     peers: Sequence[tuple[PeerState, int]],
     now: float,
-    view: object = None,
 ) -> tuple[list[Candidate], float | None]:
     """The peers' candidates, then the local node's (``local``: None when it
     cannot serve), speeds compared like with like (:func:`reference_speed`).
@@ -331,16 +293,6 @@ def _candidates(
     everyone = [load for _, _, load in loads] + ([] if local is None else [local.load])
     reference = reference_speed(everyone)
     replaced = reference if reference is not None and not all(load.speed_measured for load in everyone) else None
-    holders = getattr(view, "holders", None)
-    here: AbstractSet[int] = frozenset() if local is None else local.cached_hashes
-
-    def only_copy_at(target: str) -> Callable[[int], bool] | None:
-        if holders is None:
-            return None
-        if target == LOCAL:
-            return lambda h: not holders(h)
-        return lambda h: h not in here and not (holders(h) - {target})
-
     out = [
         estimator.candidate(
             peer.peer_id,
@@ -349,16 +301,12 @@ def _candidates(
             _like_with_like(load, reference),
             estimator.default_rtt_ms if peer.rtt_ms is None else peer.rtt_ms,
             peer.digest_age(now),
-            only_copy_at(peer.peer_id),
         )
         for peer, match, load in loads
     ]
     if local is not None:
         out.append(
-            estimator.candidate(
-                LOCAL, request.prompt_tokens, local.match_tokens, _like_with_like(local.load, reference), 0.0,
-                only_copy=only_copy_at(LOCAL),
-            )
+            estimator.candidate(LOCAL, request.prompt_tokens, local.match_tokens, _like_with_like(local.load, reference), 0.0)
         )
     return out, replaced
 
@@ -381,7 +329,7 @@ def _all_candidates(
 ) -> list[Candidate]:
     matches = _peer_matches(request, view)
     peers = [(p, matches.get(p.peer_id, 0)) for p in _eligible(view, now)]
-    return _candidates(estimator, request, local if local.can_serve else None, peers, now, view)[0]
+    return _candidates(estimator, request, local if local.can_serve else None, peers, now)[0]
 
 
 # -- policies -------------------------------------------------------------------
@@ -414,7 +362,7 @@ class CostPolicy:
     ) -> Decision:
         # Unmatched peers can only win on queue time; a few cheapest suffice.
         peers = _matched_peers(request, view, now, self.spare_peers)
-        cands, borrowed = _candidates(self.estimator, request, local if local.can_serve else None, peers, now, view)
+        cands, borrowed = _candidates(self.estimator, request, local if local.can_serve else None, peers, now)
         speed_note = "" if borrowed is None else f"; unmeasured speeds taken as {borrowed:.2f} ms/token (median measured)"
         ranked = sorted(self.estimator.weigh_work(cands), key=lambda c: (c.score, c.target))
         if not ranked:
@@ -446,9 +394,7 @@ class CostPolicy:
         chosen = ranked[0]
         reason = (
             f"{'local' if chosen.target == LOCAL else 'forward'}: est TTFT {chosen.est_ttft_ms:.1f} ms "
-            f"(rtt {chosen.rtt_ms:.1f} + queue {chosen.queue_ms:.1f} + prefill {chosen.prefill_ms:.1f})"
-            + (f", evicts {chosen.evict_ms:.1f} ms of reused prefixes" if chosen.evict_ms else "")
-            + ", "
+            f"(rtt {chosen.rtt_ms:.1f} + queue {chosen.queue_ms:.1f} + prefill {chosen.prefill_ms:.1f}), "
             f"match {chosen.predicted_match_tokens}/{request.prompt_tokens} tokens"
             + (f", {len(ties)} near-ties" if len(ties) > 1 else "")
             + speed_note
@@ -475,7 +421,7 @@ class PaperPolicy:
         self, request: RouteRequest, local: LocalState, view: PeerView, now: float, rng: random.Random
     ) -> Decision:
         peers = _matched_peers(request, view, now, spare=3)
-        cands = _candidates(self.estimator, request, local if local.can_serve else None, peers, now, view)[0]
+        cands = _candidates(self.estimator, request, local if local.can_serve else None, peers, now)[0]
         if not cands:
             raise NoCandidateError("no peer can serve and this node has no engine")
         best_match = max(c.predicted_match_tokens for c in cands)

@@ -13,10 +13,7 @@ from dataclasses import dataclass, field
 import heapq
 from typing import Literal
 
-__all__ = ["EVICTION_PROFILE_STEPS", "EvictionStep", "PinHandle", "RadixTree", "TreeEvent"]
-
-EVICTION_PROFILE_STEPS = 4
-"""Reused entries :meth:`RadixTree.eviction_profile` lists by default."""
+__all__ = ["PinHandle", "RadixTree", "TreeEvent"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,21 +36,6 @@ class PinHandle:
     """Proof of a pin; give it back to :meth:`RadixTree.unpin` exactly once."""
 
     tokens: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class EvictionStep:
-    """One reused entry the LRU would evict next (see :meth:`RadixTree.eviction_profile`).
-
-    ``freed_before``: tokens evicted ahead of it (entries never reused since
-    they were inserted: nothing that anyone asked for again is lost by
-    those); ``lost``: reused tokens evicted up to and including it."""
-
-    freed_before: int
-    lost: int
-    anchor: int = 0
-    """The digest hash of the entry's last full block (0: unknown): a peer
-    that lists it holds the same prefix, so losing it here costs no re-prefill."""
 
 
 @dataclass(eq=False, slots=True)
@@ -97,9 +79,6 @@ class RadixTree:
         self._clock = 0
         self._total = 0
         self._listeners: list[Listener] = []
-        self._changes = 0
-        """Bumped by every change that can move the eviction order (see :meth:`eviction_profile`)."""
-        self._profile: tuple[int, object, tuple[EvictionStep, ...]] | None = None
 
     # -- observation -------------------------------------------------------
     @property
@@ -120,7 +99,6 @@ class RadixTree:
 
     def _tick(self) -> int:
         self._clock += 1
-        self._changes += 1
         return self._clock
 
     def sequences(self) -> Iterator[tuple[int, ...]]:
@@ -171,8 +149,9 @@ class RadixTree:
         if touch and path:
             now = self._tick()
             if partial < len(path[-1].key):
-                # Only the matched part was hit: split it off, so that the
-                # rest keeps its own (never reused) record.
+                # Only the matched part was used: split it off, so that the
+                # rest (another prompt's tail) keeps its own place in the LRU
+                # order instead of surviving with the shared prefix (issue 22).
                 path[-1] = self._split(path[-1], partial)
             for node in path:
                 node.last_access = now
@@ -240,7 +219,6 @@ class RadixTree:
         if not path:
             return PinHandle(())
         boundary = matched - partial + len(path[-1].key)
-        self._changes += 1
         for node in path:
             node.pins += 1
         full = path[-1].depth_tokens()
@@ -253,7 +231,6 @@ class RadixTree:
         matched, path, partial = self._walk(handle.tokens)
         if matched != len(handle.tokens) or partial != len(path[-1].key):
             raise ValueError("pin handle does not match the tree (unpinned twice?)")
-        self._changes += 1
         for node in path:
             if node.pins <= 0:
                 raise ValueError("unpin without a matching pin")
@@ -277,10 +254,10 @@ class RadixTree:
         self._total -= len(leaf.key)
         parent = leaf.parent
         leaf.parent = None
-        self._changes += 1
         self._emit(TreeEvent("evict", path, start))
-        # Merge a parent left with a single child so the tree stays compact
-        # (not a reused prefix with a never-reused tail: the profile tells them apart).
+        # Merge a parent left with a single child so the tree stays compact;
+        # not a reused prefix with a never-reused tail, which would then take
+        # the prefix's recency (see ``match``: issue 22).
         if parent is not self._root and len(parent.children) == 1 and parent.pins == 0:
             (only,) = parent.children.values()
             if only.pins == 0 and (only.hits > 0) == (parent.hits > 0):
@@ -318,57 +295,6 @@ class RadixTree:
                 heapq.heappush(heap, (parent.last_access, counter, parent))
                 counter += 1
         return before - self._total
-
-    def eviction_profile(
-        self, steps: int = EVICTION_PROFILE_STEPS, anchor: Callable[[Sequence[int]], int] | None = None
-    ) -> tuple[EvictionStep, ...]:
-        """What inserting more tokens would cost here: the next ``steps``
-        reused entries in the order :meth:`evict` drops them.
-
-        Eviction removes whole leaves, least recently used first; an entry
-        never hit since it was inserted (a prompt's unique tail) costs
-        nothing to lose, one that was hit (a shared prefix) is likely to be
-        asked for again and then prefilled again somewhere. A prompt that
-        adds ``n`` tokens to a cache with ``free`` tokens of room evicts
-        ``n - free``: the reused tokens lost are ``lost`` of the last step
-        whose ``freed_before`` is below that. Pinned entries are not
-        evictable and not listed. ``anchor`` (the digest's block hash of a
-        token path) names each entry. Cached between changes; O(nodes log
-        nodes) after one."""
-        cached = self._profile
-        if cached is not None and cached[0] == self._changes and cached[1] == (steps, anchor):
-            return cached[2]
-        heap: list[tuple[int, int, _Node]] = []
-        kids: dict[int, int] = {}
-        counter = 0
-        stack = list(self._root.children.values())
-        while stack:
-            node = stack.pop()
-            if node.children:
-                kids[id(node)] = len(node.children)
-                stack.extend(node.children.values())
-            elif node.pins == 0:
-                heap.append((node.last_access, counter, node))
-                counter += 1
-        heapq.heapify(heap)
-        out: list[EvictionStep] = []
-        freed = lost = 0
-        while heap and len(out) < steps:
-            _, _, node = heapq.heappop(heap)
-            if node.hits:
-                lost += len(node.key)
-                out.append(EvictionStep(freed, lost, anchor(node.depth_tokens()) if anchor is not None else 0))
-            freed += len(node.key)
-            parent = node.parent
-            if parent is not None and parent is not self._root:
-                left = kids[id(parent)] - 1
-                kids[id(parent)] = left
-                if not left and parent.pins == 0:
-                    heapq.heappush(heap, (parent.last_access, counter, parent))
-                    counter += 1
-        profile = tuple(out)
-        self._profile = (self._changes, (steps, anchor), profile)
-        return profile
 
     def remove(self, tokens: Sequence[int]) -> int:
         """Drop the part of ``tokens`` that no other cached sequence shares.

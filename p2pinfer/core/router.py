@@ -235,7 +235,7 @@ class Router:
         if hashes is None:
             hashes = self.hasher.hashes(tokens)
         match = max(self.cache.match(tokens, touch=False), self.in_service_match(hashes))
-        local = LocalState(self.node_id, match, local_load, can_serve, self.tracker.listed)
+        local = LocalState(self.node_id, match, local_load, can_serve)
         request = RouteRequest(len(tokens), hashes, self.hasher.block_size)
         return self.policy.decide(request, local, self.view if view is None else view, now, self.rng), hashes
 

@@ -10,7 +10,7 @@ kept equal to what the engine really holds, and its load.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -251,15 +251,6 @@ class Engine(ABC):
     @abstractmethod
     def load(self) -> Load:
         """Queued prefill tokens and the prefill speed measured online."""
-
-    def name_cache_entries(self, anchor: Callable[[Sequence[int]], int]) -> None:
-        """How :meth:`load`'s eviction profile names a cached path: the node's
-        digest block hash (``BlockHasher.last_block_hash``; issue 22). An
-        engine whose queue is an :class:`~p2pinfer.core.engine_queue.EngineQueue`
-        passes it on; others report no profile."""
-        queue = getattr(self, "queue", None)
-        if queue is not None and hasattr(queue, "anchor"):
-            queue.anchor = anchor
 
     can_score: ClassVar[bool] = False
     """Whether :meth:`score` is implemented (a node verifies peers' answers only then)."""

@@ -276,7 +276,6 @@ class LlamaCppEngine(Engine):
             max_queue=max_queue,
             slots=self.slots,
             max_reuse=_max_reuse,
-            cache=self._cache,
         )
         self._closed = False
         from .slot_loop import SlotLoop  # noqa: PLC0415 - imports llama_cpp

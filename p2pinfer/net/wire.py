@@ -18,8 +18,7 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError
 
 from ..core.digest import MAX_DIGEST_BYTES, Digest, DigestError, decode_digest
-from ..core.peers import MAX_REPORTED_SLOT_WAIT_MS, MAX_REPORTED_SLOTS, Load, eviction_profile_error
-from ..core.radix import EvictionStep
+from ..core.peers import MAX_REPORTED_SLOT_WAIT_MS, MAX_REPORTED_SLOTS, Load
 from ..engines.base import MAX_TOP_LOGPROBS, GenerationParams, GenerationRecord, InvalidRequestError, TokenChunk, TokenLogprob
 from .proto import p2pinfer_pb2 as pb
 
@@ -441,9 +440,6 @@ def load_to_pb(
         relay_addrs=list(relay_addrs)[:MAX_RELAY_ADDRS],
         relay_service=relay_service,
         prefill_speed_unmeasured=not load.speed_measured,
-        cache_tokens=min(max(0, load.cache_tokens), 2**32 - 1),
-        cache_capacity_tokens=min(max(0, load.cache_capacity_tokens), 2**32 - 1),
-        eviction_profile=[pb.EvictionStep(freed_before=e.freed_before, lost=e.lost) for e in load.eviction_profile],
     )
 
 
@@ -472,10 +468,6 @@ def load_from_pb(msg: pb.LoadReport, *, sender: str, fingerprint: str) -> LoadIn
         raise GossipRejected("malformed", "slots out of range")
     if not (math.isfinite(wait) and 0.0 <= wait <= MAX_SLOT_WAIT_MS):
         raise GossipRejected("malformed", "slot_wait_ms out of range")
-    profile = tuple(EvictionStep(e.freed_before, e.lost) for e in msg.eviction_profile)
-    problem = eviction_profile_error(profile, msg.cache_tokens)
-    if problem is not None:
-        raise GossipRejected("malformed", problem)
     if slots == 0:  # a node from before continuous batching: one request at a time
         slots, free, wait = 1, (0 if msg.active_requests else 1), 0.0
     return LoadInfo(
@@ -483,8 +475,6 @@ def load_from_pb(msg: pb.LoadReport, *, sender: str, fingerprint: str) -> LoadIn
         load=Load(
             msg.queued_prefill_tokens, ms, msg.active_requests, slots, free, wait,
             speed_measured=not msg.prefill_speed_unmeasured,
-            cache_tokens=msg.cache_tokens, cache_capacity_tokens=msg.cache_capacity_tokens,
-            eviction_profile=profile,
         ),
         busy=msg.busy,
         epoch=msg.epoch,

@@ -110,7 +110,6 @@ class Node(NodeDiscovery, NodeServing, NodeStatus, NodeNat):
             config=config.router,
             secret=config.swarm_secret,
         )
-        self.engine.name_cache_entries(self.router.hasher.last_block_hash)
         self.prefix_groups = PrefixGroups(self.router.hasher.block_size)
         self._build_services(key_pair)
         await self._run_services(stack)

@@ -129,10 +129,6 @@ class SimConfig:
     marks its cached prefix as used now, so that the prompts queued ahead of
     it do not evict it before it starts. False: only the start touches it
     (an ablation switch)."""
-    eviction_weight: float = TtftEstimator().eviction_weight
-    """TtftEstimator.eviction_weight of the cost and oracle policies (0: placement ignores full caches)."""
-    eviction_amortised: bool = False
-    eviction_only_copies: bool = False
     trust: TrustConfig = field(default_factory=TrustConfig)
     seed: int = 1
     record_decisions: bool = False
@@ -262,8 +258,7 @@ class SimNode:
         self.alive = True
         self.queue: deque[Job] = deque()
         self.current: Job | None = None
-        self.engine = EngineQueue(ms_per_token=cost.prefill_ms_per_token, cache=router.cache)
-        self.engine.anchor = router.hasher.last_block_hash
+        self.engine = EngineQueue(ms_per_token=cost.prefill_ms_per_token)
         """Its engine's queue accounting, the very model a live engine keeps."""
         self.said_busy = False
         """What its last load report said (the valve is edge-triggered)."""

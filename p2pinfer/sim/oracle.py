@@ -126,12 +126,6 @@ class OracleView:
         nodes = self.sim.nodes
         return {nodes[n].id: blocks for n, blocks in matched.items()}
 
-    def holders(self, block_hash: int) -> set[str]:
-        """Live nodes other than the decider whose digest lists ``block_hash`` now."""
-        nodes = self.sim.nodes
-        held = self.sim.oracle_index.holders.get(block_hash, ())  # type: ignore[union-attr]
-        return {nodes[n].id for n in held if n != self.decider.idx}
-
     def get(self, peer_id: str) -> PeerState | None:
         node = self.sim.by_id.get(peer_id)
         if node is None or not node.alive or node is self.decider:

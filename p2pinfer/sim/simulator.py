@@ -222,11 +222,7 @@ class Simulator(DirectoryMode):
 
     def _cost_rule(self) -> CostPolicy:
         cfg = self.config
-        return CostPolicy(estimator=TtftEstimator(
-            work_weight=cfg.work_weight, drain_reported_queue=cfg.drain_reported_queue,
-            eviction_weight=cfg.eviction_weight, eviction_amortised=cfg.eviction_amortised,
-            eviction_only_copies=cfg.eviction_only_copies,
-        ))
+        return CostPolicy(estimator=TtftEstimator(work_weight=cfg.work_weight, drain_reported_queue=cfg.drain_reported_queue))
 
     # -- gossip --------------------------------------------------------------
     def _publish(self, src: SimNode, kind: str, obj: Any, payload_len: int, wire_len: int) -> None:
@@ -368,7 +364,7 @@ class Simulator(DirectoryMode):
             apply_answer(router.view, answer, now, self.fingerprint_hex)
         bs = router.hasher.block_size
         match = max(node.cache.match(req.tokens, touch=False), router.in_service_match(req.hashes))
-        local = LocalState(node.id, match, node.load(), True, router.tracker.listed)
+        local = LocalState(node.id, match, node.load(), True)
         request = RouteRequest(req.n_tokens, req.hashes, bs)
         decision = router.policy.decide(request, local, DirectoryView(router.view, answer, bs), now, router.rng)  # type: ignore[arg-type]
         if vouched:

@@ -180,3 +180,19 @@ def test_remove_matches_brute_force(inserted: list[list[int]], data: st.DataObje
     # Everything another sequence needs stays; the victim's own tail goes.
     assert all(tree.match(list(s), touch=False) == len(s) for s in others)
     assert tree.match(list(victim), touch=False) == brute_match(others, list(victim))
+
+
+def test_a_partial_hit_refreshes_only_the_part_it_used() -> None:
+    # Issue 22: A+q1 cached, then C, then a request reuses A (with another
+    # question). The unused tail q1 keeps its old place in the LRU order, so
+    # the next eviction takes q1, not the whole of C.
+    tree = RadixTree(capacity_tokens=100)
+    a, q1, q2 = list(range(1, 31)), list(range(100, 120)), list(range(200, 220))
+    c = list(range(300, 340))
+    tree.insert(a + q1)
+    tree.insert(c)
+    assert tree.match(a + q2) == 30  # a real hit on A only
+    tree.insert(list(range(400, 420)))  # 110 tokens: 10 over the budget
+    assert tree.match(c, touch=False) == 40
+    assert tree.match(a + q1, touch=False) == 30  # q1 went, A stayed
+

@@ -34,3 +34,29 @@ async def test_load_counts_the_request_in_prefill_and_the_ones_waiting(autojump_
         assert engine.load().queued_prefill_tokens == 130
     assert engine.load().queued_prefill_tokens == 0 and engine.load().active_requests == 0
     assert [r.reused_tokens for r in records] == [0, 50]  # once in service, it reused the first's prefix
+
+
+async def test_a_queued_prompt_keeps_its_cached_prefix_while_the_prompts_ahead_fill_the_cache(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Issue 22: the cache holds prefixes A (used first) and D (used later).
+    # A request for A arrives while a cold prompt B is in prefill: when B is
+    # cached, the LRU must drop D, not A, which a request in the queue is
+    # about to reuse (admission marks it used).
+    engine = SimulatedEngine(cost=EngineCostModel(prefill_ms_per_token=2.0), cache_tokens=140)
+    a, d, b = list(range(1, 65)), list(range(1000, 1064)), list(range(2000, 2064))
+    records: list[tuple[int, int]] = []
+
+    async def run(tokens: list[int]) -> None:
+        async for item in engine.generate(tokens, GenerationParams(max_tokens=1)):
+            if isinstance(item, GenerationRecord):
+                records.append((tokens[0], item.reused_tokens))
+
+    await run(a + [5000])
+    await run(d + [5001])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run, b)
+        await trio.sleep(0.05)  # B is in its prefill
+        nursery.start_soon(run, a + [5002])
+    assert records[-1] == (1, 64)  # the queued request reused all of A
+    assert engine.cache.match(d, touch=False) < len(d)  # D went instead

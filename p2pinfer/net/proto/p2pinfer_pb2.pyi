@@ -223,7 +223,7 @@ class DigestPullResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., digest: _Optional[bytes] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., peers: _Optional[_Iterable[_Union[PeerRecord, _Mapping]]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("node_id", "model_fingerprint", "queued_prefill_tokens", "prefill_ms_per_token", "active_requests", "busy", "epoch", "digest_version", "addrs", "slots", "free_slots", "slot_wait_ms", "reachability", "relay_addrs", "relay_service", "prefill_speed_unmeasured", "cache_tokens", "cache_capacity_tokens", "eviction_profile")
+    __slots__ = ("node_id", "model_fingerprint", "queued_prefill_tokens", "prefill_ms_per_token", "active_requests", "busy", "epoch", "digest_version", "addrs", "slots", "free_slots", "slot_wait_ms", "reachability", "relay_addrs", "relay_service", "prefill_speed_unmeasured")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -240,9 +240,6 @@ class LoadReport(_message.Message):
     RELAY_ADDRS_FIELD_NUMBER: _ClassVar[int]
     RELAY_SERVICE_FIELD_NUMBER: _ClassVar[int]
     PREFILL_SPEED_UNMEASURED_FIELD_NUMBER: _ClassVar[int]
-    CACHE_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    CACHE_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    EVICTION_PROFILE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     model_fingerprint: str
     queued_prefill_tokens: int
@@ -259,18 +256,7 @@ class LoadReport(_message.Message):
     relay_addrs: _containers.RepeatedScalarFieldContainer[str]
     relay_service: bool
     prefill_speed_unmeasured: bool
-    cache_tokens: int
-    cache_capacity_tokens: int
-    eviction_profile: _containers.RepeatedCompositeFieldContainer[EvictionStep]
-    def __init__(self, node_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., queued_prefill_tokens: _Optional[int] = ..., prefill_ms_per_token: _Optional[float] = ..., active_requests: _Optional[int] = ..., busy: _Optional[bool] = ..., epoch: _Optional[int] = ..., digest_version: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., slot_wait_ms: _Optional[float] = ..., reachability: _Optional[_Union[Reachability, str]] = ..., relay_addrs: _Optional[_Iterable[str]] = ..., relay_service: _Optional[bool] = ..., prefill_speed_unmeasured: _Optional[bool] = ..., cache_tokens: _Optional[int] = ..., cache_capacity_tokens: _Optional[int] = ..., eviction_profile: _Optional[_Iterable[_Union[EvictionStep, _Mapping]]] = ...) -> None: ...
-
-class EvictionStep(_message.Message):
-    __slots__ = ("freed_before", "lost")
-    FREED_BEFORE_FIELD_NUMBER: _ClassVar[int]
-    LOST_FIELD_NUMBER: _ClassVar[int]
-    freed_before: int
-    lost: int
-    def __init__(self, freed_before: _Optional[int] = ..., lost: _Optional[int] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., queued_prefill_tokens: _Optional[int] = ..., prefill_ms_per_token: _Optional[float] = ..., active_requests: _Optional[int] = ..., busy: _Optional[bool] = ..., epoch: _Optional[int] = ..., digest_version: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., slot_wait_ms: _Optional[float] = ..., reachability: _Optional[_Union[Reachability, str]] = ..., relay_addrs: _Optional[_Iterable[str]] = ..., relay_service: _Optional[bool] = ..., prefill_speed_unmeasured: _Optional[bool] = ...) -> None: ...
 
 class GossipMessage(_message.Message):
     __slots__ = ("version", "digest", "load")
