@@ -195,4 +195,3 @@ def test_a_partial_hit_refreshes_only_the_part_it_used() -> None:
     tree.insert(list(range(400, 420)))  # 110 tokens: 10 over the budget
     assert tree.match(c, touch=False) == 40
     assert tree.match(a + q1, touch=False) == 30  # q1 went, A stayed
-
