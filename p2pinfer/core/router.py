@@ -58,7 +58,9 @@ class GossipConfig:
     keepalive_interval_s: float = 10.0
     """An idle node whose load report would say nothing new repeats it this
     often (liveness, addresses and digest version), but only while some peer
-    in its view is not directly connected to it: a directly connected peer
+    in its view is not directly connected to it, or for two intervals after
+    one of its connections opened or closed (discovery: nodes that do not
+    know it learn its addresses from them): a directly connected peer
     probes it instead once it has been silent for ``peer_ttl_s -
     keepalive_interval_s`` (the live node's membership), so in a swarm where
     everyone is connected to everyone an idle node publishes nothing on its

@@ -198,6 +198,8 @@ class Membership:
         self._ping_streams: dict[str, INetStream] = {}
         self._probes: dict[str, _Probe] = {}
         self._repull: dict[str, tuple[float, float]] = {}
+        self._connections_changed_at = time.monotonic()
+        """When a connection last opened or closed (keep-alives announce a change to the swarm)."""
         """Connected peers not in the view: (next pull, wait after it)."""
         self._connections_changed = Wakeup()
         self._dial_wanted = Wakeup()
@@ -301,12 +303,17 @@ class Membership:
     def connected(self) -> set[str]:
         return set(self._connected)
 
-    def keepalive_wanted(self) -> bool:
+    def keepalive_wanted(self, now: float | None = None) -> bool:
         """Whether our idle load reports should keep going out every ``keepalive_interval_s``:
-        only while some peer in the view is not directly connected to us (it
-        hears of us through gossip alone). A directly connected peer sees our
-        connection, pulls our digest when it opens and probes us when we are
-        silent, so it needs no keep-alive from us."""
+        while some peer in the view is not directly connected to us (it hears
+        of us through gossip alone), and for two keep-alive intervals after
+        any of our connections opened or closed (the swarm's other nodes, which
+        we may not know, learn our addresses from them and dial us: discovery).
+        A directly connected peer sees our connection, pulls our digest when
+        it opens and probes us when we are silent, so it needs no keep-alive."""
+        now = time.monotonic() if now is None else now
+        if now - self._connections_changed_at < 2 * self.router.config.gossip.keepalive_interval_s:
+            return True
         connected = self._connected
         return any(state.peer_id not in connected for state in self.router.view)
 
@@ -418,6 +425,8 @@ class Membership:
             for peer_id in live - self._connected:
                 self._on_meet(peer_id)
             lost = self._connected - live
+            if live != self._connected:
+                self._connections_changed_at = time.monotonic()
             self._connected = live
             for peer_id in lost:
                 if self._on_disconnected is not None:

@@ -220,7 +220,7 @@ def test_idle_nodes_all_directly_connected_send_no_keepalives_and_stay_in_every_
     slow_rtt = {"gossip": gossip, "rtt_interval_s": 5.0, "rtt_max_interval_s": 5.0}
     nodes = cluster.three(A=slow_rtt, B=slow_rtt, C=slow_rtt)
     wait_until(lambda: all(len(n.call("status")["connected_peers"]) == 2 for n in nodes), 15, what="a full mesh of connections")
-    time.sleep(2.0)  # start-up traffic over
+    time.sleep(3.5)  # start-up traffic over, and the keep-alives of two intervals after the last new connection
     before = [n.call("status")["counters"] for n in nodes]
     t0 = time.monotonic()
     time.sleep(8.0)

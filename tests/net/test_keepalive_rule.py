@@ -25,16 +25,18 @@ def membership(gossip: GossipConfig) -> Membership:
 
 
 def test_keepalives_go_out_only_while_a_peer_in_the_view_is_not_directly_connected():
-    m = membership(GossipConfig())
-    assert not m.keepalive_wanted()  # nobody to tell
+    m = membership(GossipConfig())  # keep-alive 10 s
+    m._connections_changed_at = 0.0
+    assert m.keepalive_wanted(19.0)  # a connection changed: the swarm learns where we are
+    assert not m.keepalive_wanted(20.0)  # nobody to tell
     m.router.view.add(A, 0.0)
     m.router.view.add(B, 0.0)
     m._connected = {A}
-    assert m.keepalive_wanted()  # B hears of us through gossip alone
+    assert m.keepalive_wanted(20.0)  # B hears of us through gossip alone
     m._connected = {A, B}
-    assert not m.keepalive_wanted()  # both see our connection and probe us
+    assert not m.keepalive_wanted(20.0)  # both see our connection and probe us
     m._connected = {A, B, "a relay of another model"}
-    assert not m.keepalive_wanted()
+    assert not m.keepalive_wanted(20.0)
 
 
 def test_a_connected_peer_is_probed_once_silent_for_the_ttl_less_one_keepalive():
