@@ -13,7 +13,7 @@ leaves the view and the forwarding pool when
   closing anything, a hung process, a peer we only hear through relays);
 
 and it comes back as soon as it is heard again (a dropped connection is
-re-dialled; a connected peer that is not in the view is pulled again, every
+re-dialled; a connected peer that is not in the view, or has no digest in it, is pulled again, every
 ``keepalive_interval_s`` doubling to :data:`_REPULL_MAX_S`).
 
 A directly connected peer is *probed for liveness* once it has been silent
@@ -457,16 +457,21 @@ class Membership:
                     await finish_stream(stream, False)
                 await self._on_gone(peer_id)
 
+    def _has_digest(self, peer_id: str) -> bool:
+        state = self.router.view.get(peer_id)
+        return state is not None and bool(state.fingerprint) and state.digest_at is not None
+
     def _repull_unviewed(self, now: float) -> None:
-        """A connected peer that is not in the view (its first pull failed, or it
-        expired while its connection stayed open, a hung process that came
-        back) is pulled again: it may send no keep-alive to bring it back."""
+        """A connected peer that is not in the view, or is in it without its digest
+        (its first pull failed: only a load report or a probe put it there; or it
+        expired while its connection stayed open, a hung process that came back),
+        is pulled again: it may send no keep-alive whose digest version would
+        make us pull it."""
         gossip = self.router.config.gossip
-        view = self.router.view
-        for peer_id in [p for p in self._repull if p not in self._connected or p in view]:
+        for peer_id in [p for p in self._repull if p not in self._connected or self._has_digest(p)]:
             del self._repull[peer_id]
         for peer_id in self._connected:
-            if peer_id in view:
+            if self._has_digest(peer_id):
                 continue
             entry = self._repull.get(peer_id)
             if entry is None:

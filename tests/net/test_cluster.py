@@ -190,18 +190,23 @@ def test_killed_node_leaves_every_view_and_requests_keep_flowing(cluster, tmp_pa
 def test_a_silent_node_leaves_every_view_after_the_peer_ttl_and_returns(cluster):
     # SIGSTOP: C's connections stay open but it says nothing, the case of a
     # machine that vanished without closing them. Only the TTL can remove it:
-    # not before peer_ttl_s minus one keep-alive after it stopped (its last
-    # message), and within the TTL plus one expiry check (0.5 s) after that.
-    gossip = GossipConfig(delta_interval_s=0.1, full_interval_s=1.0, load_interval_s=0.25, keepalive_interval_s=0.5, peer_ttl_s=3.0)
+    # not before peer_ttl_s after it was last heard (a keep-alive, or the answer
+    # to a liveness probe, sent once a peer has been silent for peer_ttl_s -
+    # keepalive_interval_s: so at least keepalive_interval_s after it stopped),
+    # and within the TTL plus one expiry check (0.75 s) after that.
+    gossip = GossipConfig(delta_interval_s=0.1, full_interval_s=1.0, load_interval_s=0.25, keepalive_interval_s=1.5, peer_ttl_s=3.0)
     a, b, c = cluster.three(A={"gossip": gossip}, B={"gossip": gossip}, C={"gossip": gossip})
     c_id = c.peer_id
+    asked_at = time.monotonic()
+    heard_ago = max(n.call("view")[c_id]["last_seen_s"] for n in (a, b))
     os.kill(c.pid, signal.SIGSTOP)
     stopped_at = time.monotonic()
     try:
         wait_until(lambda: all(c_id not in n.call("view") for n in (a, b)), gossip.peer_ttl_s + 8, interval_s=0.05,
                    what="silent C leaves every view")
         gone_after = time.monotonic() - stopped_at
-        assert gone_after >= gossip.peer_ttl_s - gossip.keepalive_interval_s - 0.25, gone_after
+        assert gone_after >= gossip.peer_ttl_s - heard_ago - (stopped_at - asked_at) - 0.25, (gone_after, heard_ago)
+        assert gone_after >= gossip.keepalive_interval_s - 0.25, gone_after
         for n in (a, b):
             assert n.call("status")["counters"]["peers_expired"] >= 1
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from p2pinfer.core.peers import PeerView
+from p2pinfer.core.peers import Load, PeerView
 from p2pinfer.core.router import GossipConfig, RouterConfig
 from p2pinfer.lab.node_process import fast_config
 from p2pinfer.net.counters import NodeCounters
@@ -49,3 +49,27 @@ def test_a_connected_peer_is_probed_once_silent_for_the_ttl_less_one_keepalive()
     assert m._probe_due(state, probe) == 150.0
     state.last_seen = 121.0  # it succeeded, or the peer spoke: the next silence counts
     assert m._probe_due(state, probe) == 141.0
+
+
+def test_a_connected_peer_without_its_digest_in_the_view_is_pulled_again_backing_off():
+    """Without keep-alives nothing else would make us pull it (a failed first pull
+    left it in the view with no digest, ineligible for ever)."""
+    from p2pinfer.core.digest import Digest
+
+    gossip = GossipConfig(keepalive_interval_s=10.0, peer_ttl_s=30.0)
+    met: list[str] = []
+    m = membership(gossip)
+    m._on_meet = met.append
+    m._connected = {A, B}
+    m.router.view.update_load(A, Load(), 0.0)
+    m._repull_unviewed(0.0)  # A (a load report, no digest) and B (not in the view): first noted
+    assert met == []
+    m._repull_unviewed(10.0)
+    assert sorted(met) == sorted([A, B])
+    m._repull_unviewed(25.0)
+    assert len(met) == 2  # next after 20 s, not 10
+    m._repull_unviewed(30.0)
+    assert len(met) == 4
+    m.router.view.apply_digest(Digest("full", A, "f" * 64, 0, 0, frozenset(), epoch=5), 31.0)
+    m._repull_unviewed(80.0)
+    assert met[4:] == [B]  # A's digest arrived: no more pulls of A
