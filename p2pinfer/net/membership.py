@@ -13,15 +13,17 @@ leaves the view and the forwarding pool when
   closing anything, a hung process, a peer we only hear through relays);
 
 and it comes back as soon as it is heard again (a dropped connection is
-re-dialled; a connected peer that is not in the view, or has no digest in it, is pulled again, every
-``keepalive_interval_s`` doubling to :data:`_REPULL_MAX_S`).
+re-dialled; a connected peer that is not in the view, or has no digest in
+it, is pulled again, every ``keepalive_interval_s`` doubling to
+:data:`_REPULL_MAX_S`).
 
 A directly connected peer is *probed for liveness* once it has been silent
 for ``peer_ttl_s - keepalive_interval_s``: an idle node whose every peer is
 directly connected sends no keep-alives (:meth:`Membership.keepalive_wanted`,
 issue 14), so a probe that succeeds is what keeps it in the view, and one
-that fails leaves it to expire at ``peer_ttl_s`` as before. RTT comes from the standard libp2p ping protocol over one
-long-lived stream per peer, timed here with ``perf_counter`` (libp2p's own
+that fails leaves it to expire at ``peer_ttl_s`` as before.
+
+RTT comes from the standard libp2p ping protocol over one long-lived stream per peer, timed here with ``perf_counter`` (libp2p's own
 helper rounds to whole milliseconds, which is 0 on a LAN): every
 ``rtt_interval_s`` for a new peer, backing off by doubling to
 ``rtt_max_interval_s`` while its RTT stays within :data:`_RTT_STABLE` of
@@ -72,7 +74,7 @@ this: py-libp2p's ping handler closes a stream idle for 10 s
 its stream closed, failed, and was rescheduled as if the peer had jittered:
 the probes never backed off (issue 14)."""
 _REPULL_MAX_S = 120.0
-"""Longest wait between two pulls of a connected peer that is not in the view."""
+"""Longest wait between two pulls of a connected peer that is not in the view (or has no digest in it)."""
 _RTT_STABLE = (1.0, 10.0)
 """A sample within 100 % or 10 ms of the smoothed RTT counts as stable: what
 routing weighs against prefill (milliseconds per token) barely moves with
@@ -198,9 +200,9 @@ class Membership:
         self._ping_streams: dict[str, INetStream] = {}
         self._probes: dict[str, _Probe] = {}
         self._repull: dict[str, tuple[float, float]] = {}
+        """Connected peers not in the view, or without their digest in it: (next pull, wait after it)."""
         self._connections_changed_at = time.monotonic()
         """When a connection last opened or closed (keep-alives announce a change to the swarm)."""
-        """Connected peers not in the view: (next pull, wait after it)."""
         self._connections_changed = Wakeup()
         self._dial_wanted = Wakeup()
         self._trio_token: trio.lowlevel.TrioToken | None = None
