@@ -57,7 +57,14 @@ class GossipConfig:
     changed; at once when its busy flag flips (the hotspot valve)."""
     keepalive_interval_s: float = 10.0
     """An idle node whose load report would say nothing new repeats it this
-    often: liveness, addresses and digest version for every peer."""
+    often (liveness, addresses and digest version), but only while some peer
+    in its view is not directly connected to it, or for two intervals after
+    one of its connections opened or closed (discovery: nodes that do not
+    know it learn its addresses from them): a directly connected peer
+    probes it instead once it has been silent for ``peer_ttl_s -
+    keepalive_interval_s`` (the live node's membership), so in a swarm where
+    everyone is connected to everyone an idle node publishes nothing on its
+    digest topic (issue 14). The simulator's nodes are all directly connected."""
     peer_ttl_s: float = 30.0
     """A peer not heard from (gossip, digest pull or RTT probe) for this long
     leaves the view. One whose connection to us closes leaves at once (the
@@ -94,7 +101,9 @@ class AnnounceSchedule:
       (queued prefill or active requests: peers drain a reported queue by
       the time since the report, so its timestamp is news) or the report
       differs from the last one sent; and at least every
-      ``keepalive_interval_s`` in any case;
+      ``keepalive_interval_s`` while a keep-alive is wanted (``keepalive``:
+      some peer in the view is not directly connected, see
+      :attr:`GossipConfig.keepalive_interval_s`);
     * a full digest goes out at most every ``full_interval_s`` and only if
       the digest (epoch, version) changed since the last full one.
     """
@@ -112,12 +121,15 @@ class AnnounceSchedule:
     def _key(load: Load, extra: tuple[object, ...]) -> tuple[object, ...]:
         return (load.queued_prefill_tokens, load.prefill_ms_per_token, load.active_requests, extra)
 
-    def load_due(self, load: Load, busy: bool, now: float, extra: tuple[object, ...] = ()) -> bool:
-        """Should a load report go out now? ``extra``: anything else it carries that may change (addresses)."""
+    def load_due(
+        self, load: Load, busy: bool, now: float, extra: tuple[object, ...] = (), *, keepalive: bool = True
+    ) -> bool:
+        """Should a load report go out now? ``extra``: anything else it carries that may change
+        (addresses, reachability); ``keepalive``: whether an idle keep-alive is wanted at all."""
         if self._load_key is None or busy != self._busy:
             return True
         elapsed = now - self._load_at
-        if elapsed >= self.config.keepalive_interval_s:
+        if keepalive and elapsed >= self.config.keepalive_interval_s:
             return True
         if elapsed < self.config.load_interval_s:
             return False
@@ -125,13 +137,14 @@ class AnnounceSchedule:
             return True
         return self._key(load, extra) != self._load_key
 
-    def next_load_at(self, load: Load, extra: tuple[object, ...] = ()) -> float:
-        """When the next load report falls due if nothing else changes (busy flips aside)."""
+    def next_load_at(self, load: Load, extra: tuple[object, ...] = (), *, keepalive: bool = True) -> float:
+        """When the next load report falls due if nothing else changes (busy flips aside);
+        ``inf`` for an idle node that wants no keep-alive."""
         if self._load_key is None:
             return float("-inf")
         if load.queued_prefill_tokens > 0 or load.active_requests > 0 or self._key(load, extra) != self._load_key:
             return self._load_at + self.config.load_interval_s
-        return self._load_at + self.config.keepalive_interval_s
+        return self._load_at + self.config.keepalive_interval_s if keepalive else float("inf")
 
     def load_sent(self, load: Load, busy: bool, now: float, extra: tuple[object, ...] = ()) -> None:
         self._load_key = self._key(load, extra)

@@ -118,7 +118,8 @@ class Controller:
         now = time.monotonic()
         view = self.node.router.view
         return {
-            p.peer_id: {"eligible": view.eligible(p, now), "busy": p.backing_off(now), "blocks": len(p.hashes), "rtt_ms": p.rtt_ms}
+            p.peer_id: {"eligible": view.eligible(p, now), "busy": p.backing_off(now), "blocks": len(p.hashes), "rtt_ms": p.rtt_ms,
+                        "last_seen_s": round(now - p.last_seen, 3)}
             for p in view
         }
 

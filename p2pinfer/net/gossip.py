@@ -11,13 +11,18 @@ simulator runs too):
   changed since the last one, heal lost deltas;
 * load reports, at once when the busy flag flips (the hotspot valve), every
   ``load_interval_s`` while the node has work or its load changed, and every
-  ``keepalive_interval_s`` when it is idle, double as liveness and
-  membership: they carry the addresses to dial and the digest version, so a
-  peer that fell behind pulls a full digest instead of waiting.
+  ``keepalive_interval_s`` when it is idle and some peer in its view is not
+  directly connected to it, double as liveness and membership: they carry
+  the addresses to dial and the digest version, so a peer that fell behind
+  pulls a full digest instead of waiting.
 
-An idle node therefore publishes one small message per keep-alive interval,
-and each peer receives it from each of its gossipsub mesh neighbours: that,
-not the busy schedule, is what a node costs its peers when nothing happens.
+An idle node with a peer it is not directly connected to therefore publishes
+one small message per keep-alive interval, and each peer receives it from
+each of its gossipsub mesh neighbours: that, not the busy schedule, is what
+a node costs its peers when nothing happens. Where every peer is directly
+connected (a swarm within ``max_peers``), an idle node publishes nothing:
+each connected peer's membership probes it instead when it has been silent
+for ``peer_ttl_s - keepalive_interval_s``.
 
 The validator runs before gossipsub relays anything: malformed, oversized,
 other-model, spoofed (payload names another node than the signer) and
@@ -84,10 +89,14 @@ class GossipService:
         publish_digests: Callable[[], bool] = lambda: True,
         nat_facts: Callable[[], dict[str, Any]] | None = None,
         on_load: Callable[[str, LoadInfo], None] | None = None,
+        keepalive_wanted: Callable[[], bool] = lambda: True,
     ) -> None:
         """``publish_digests()``: whether digests go out now (``False`` while
         the node finds caches through the prefix directory; its load reports
-        still go out)."""
+        still go out). ``keepalive_wanted()``: whether an idle node repeats
+        its load report every ``keepalive_interval_s`` (``False`` while every
+        peer in the view is directly connected: their probes keep us in
+        their views, :meth:`.membership.Membership.keepalive_wanted`)."""
         self.pubsub = pubsub
         self.publish_digests = publish_digests
         self._digests_were_on = True
@@ -105,6 +114,7 @@ class GossipService:
         self._nat_facts = nat_facts
         """Reachability, relay addresses and relay service for our load reports."""
         self._on_load = on_load
+        self._keepalive_wanted = keepalive_wanted
         self._decoded: OrderedDict[bytes, Digest | LoadInfo] = OrderedDict()
         self._rates = OriginRateLimit(_MAX_MSGS_PER_ORIGIN_PER_S)
         self._last_delta = 0.0
@@ -185,6 +195,7 @@ class GossipService:
             await self.publish_load()
             return
         await self._publish(payload)
+        self._load_changed.set()  # the next load report names this version
 
     async def publish_full(self) -> None:
         await self.publish_digest(self.router.full_digest(), full=True)
@@ -218,10 +229,22 @@ class GossipService:
             **(self._nat_facts() if self._nat_facts is not None else {}),
         )
 
+    def _load_extra(self) -> tuple[object, ...]:
+        """What a load report carries besides the load that may change: a change is news.
+        The digest version too, so that a peer that missed our last digest
+        learns of it from one load report, keep-alives or not."""
+        facts = self._nat_facts() if self._nat_facts is not None else {}
+        return (
+            self.router.tracker.epoch,
+            self.published_version,
+            tuple(self._addrs()),
+            tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(facts.items())),
+        )
+
     async def publish_load(self) -> None:
         self.busy = self._is_busy()
         load = self.engine.load()
-        self.schedule.load_sent(load, self.busy, time.monotonic(), tuple(self._addrs()))
+        self.schedule.load_sent(load, self.busy, time.monotonic(), self._load_extra())
         await self._publish(encode_gossip_load(self.load_report(load)))
 
     async def _delta_loop(self) -> None:
@@ -255,17 +278,22 @@ class GossipService:
     async def _load_loop(self) -> None:
         """Checks the load every 50 ms while the node works (a busy flip goes out at
         once); an idle node sleeps until a request starts or its keep-alive is due."""
-        poll = min(_POLL_S, self.router.config.gossip.load_interval_s)
+        gossip = self.router.config.gossip
+        poll = min(_POLL_S, gossip.load_interval_s)
         while True:
             load = self.engine.load()
             busy = self._is_busy()
-            if self.schedule.load_due(load, busy, time.monotonic(), tuple(self._addrs())):
+            keepalive = self._keepalive_wanted()
+            if self.schedule.load_due(load, busy, time.monotonic(), self._load_extra(), keepalive=keepalive):
                 await self.publish_load()
             if busy or load.queued_prefill_tokens > 0 or load.active_requests > 0:
                 await trio.sleep(poll)
             else:
-                due = self.schedule.next_load_at(self.engine.load(), tuple(self._addrs()))
-                await self._load_changed.wait(due - time.monotonic())
+                due = self.schedule.next_load_at(self.engine.load(), self._load_extra(), keepalive=keepalive)
+                # Without a keep-alive due, look again once per keep-alive interval:
+                # a peer that is no longer directly connected wants them back.
+                now = time.monotonic()
+                await self._load_changed.wait(min(due - now, gossip.keepalive_interval_s))
 
     async def _receive_loop(self, subscription: Any) -> None:
         async for msg in subscription:

@@ -14,7 +14,7 @@ docs/results.md "Idle cost of a node"):
 * gossipsub v1.1, not v1.2: v1.2's IDONTWANT is one control RPC to every
   mesh peer for every message received, worth it for large messages, and
   ours are a few hundred bytes (py-libp2p 0.8.1 sends it for any size);
-* a fixed heartbeat of :data:`HEARTBEAT_S`, with py-libp2p's "adaptive
+* a fixed heartbeat of :data:`HEARTBEAT_S` (2 s), with py-libp2p's "adaptive
   gossip" off: it rescales the heartbeat to 30-60 s whenever its health
   score dips (a small or young mesh is enough), which made the heartbeat,
   and with it the score decay that sanctions rely on, unpredictable;
@@ -58,8 +58,21 @@ from . import libp2p_patches
 from .counters import NodeCounters
 from .sanctions import gossip_score_params
 
-HEARTBEAT_S = 1
-"""gossipsub heartbeat (mesh upkeep, IHAVE gossip, score decay), seconds."""
+HEARTBEAT_S = 2
+"""gossipsub heartbeat (mesh upkeep, IHAVE gossip, score decay), seconds.
+
+2 s, not libp2p's 1 s (issue 14): each heartbeat sends IHAVE gossip to the
+non-mesh peers of every topic whose message cache holds anything (in one
+idle swarm of 16, 1.9 of a node's 6.4 pubsub RPCs a second), and the
+heartbeat itself (mesh upkeep, score decay over every peer) another
+4 % of its busy time. What depends on it is rescaled or bounded elsewhere:
+penalties decay per second whatever the heartbeat
+(``gossip_score_params(HEARTBEAT_S)``, :data:`.sanctions.DECAY_PER_S`) and a
+sanction is lifted on our own clock (``PeerSanctions._lift``); a mesh that
+lost a peer is repaired at the next heartbeat (2 s) while the remaining
+mesh peers keep delivering (D_low = D - 1); IHAVE advertises the last 3
+heartbeats (6 s) and IWANT serves the last 5 (10 s); lost digests are pulled
+on a version gap (:mod:`.pull`), which no heartbeat drives."""
 
 __all__ = ["Libp2pStack", "derive_psk", "dialable_addrs", "digest_topic", "run_stack"]
 

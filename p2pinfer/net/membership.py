@@ -13,8 +13,17 @@ leaves the view and the forwarding pool when
   closing anything, a hung process, a peer we only hear through relays);
 
 and it comes back as soon as it is heard again (a dropped connection is
-re-dialled). RTT comes from the standard libp2p ping protocol over one
-long-lived stream per peer, timed here with ``perf_counter`` (libp2p's own
+re-dialled; a connected peer that is not in the view, or has no digest in
+it, is pulled again, every ``keepalive_interval_s`` doubling to
+:data:`_REPULL_MAX_S`).
+
+A directly connected peer is *probed for liveness* once it has been silent
+for ``peer_ttl_s - keepalive_interval_s``: an idle node whose every peer is
+directly connected sends no keep-alives (:meth:`Membership.keepalive_wanted`,
+issue 14), so a probe that succeeds is what keeps it in the view, and one
+that fails leaves it to expire at ``peer_ttl_s`` as before.
+
+RTT comes from the standard libp2p ping protocol over one long-lived stream per peer, timed here with ``perf_counter`` (libp2p's own
 helper rounds to whole milliseconds, which is 0 on a LAN): every
 ``rtt_interval_s`` for a new peer, backing off by doubling to
 ``rtt_max_interval_s`` while its RTT stays within :data:`_RTT_STABLE` of
@@ -64,6 +73,8 @@ this: py-libp2p's ping handler closes a stream idle for 10 s
 (``libp2p.host.ping.RESP_TIMEOUT``), so a probe backed off past that found
 its stream closed, failed, and was rescheduled as if the peer had jittered:
 the probes never backed off (issue 14)."""
+_REPULL_MAX_S = 120.0
+"""Longest wait between two pulls of a connected peer that is not in the view (or has no digest in it)."""
 _RTT_STABLE = (1.0, 10.0)
 """A sample within 100 % or 10 ms of the smoothed RTT counts as stable: what
 routing weighs against prefill (milliseconds per token) barely moves with
@@ -132,6 +143,8 @@ class _ConnectionEvents(INotifee):
 class _Probe:
     interval: float
     due: float
+    tried: float = float("-inf")
+    """When the last probe started (a liveness probe goes out once per silence)."""
 
 
 @dataclass
@@ -186,6 +199,10 @@ class Membership:
         self._connected: set[str] = set()
         self._ping_streams: dict[str, INetStream] = {}
         self._probes: dict[str, _Probe] = {}
+        self._repull: dict[str, tuple[float, float]] = {}
+        """Connected peers not in the view, or without their digest in it: (next pull, wait after it)."""
+        self._connections_changed_at = time.monotonic()
+        """When a connection last opened or closed (keep-alives announce a change to the swarm)."""
         self._connections_changed = Wakeup()
         self._dial_wanted = Wakeup()
         self._trio_token: trio.lowlevel.TrioToken | None = None
@@ -287,6 +304,20 @@ class Membership:
 
     def connected(self) -> set[str]:
         return set(self._connected)
+
+    def keepalive_wanted(self, now: float | None = None) -> bool:
+        """Whether our idle load reports should keep going out every ``keepalive_interval_s``:
+        while some peer in the view is not directly connected to us (it hears
+        of us through gossip alone), and for two keep-alive intervals after
+        any of our connections opened or closed (the swarm's other nodes, which
+        we may not know, learn our addresses from them and dial us: discovery).
+        A directly connected peer sees our connection, pulls our digest when
+        it opens and probes us when we are silent, so it needs no keep-alive."""
+        now = time.monotonic() if now is None else now
+        if now - self._connections_changed_at < 2 * self.router.config.gossip.keepalive_interval_s:
+            return True
+        connected = self._connected
+        return any(state.peer_id not in connected for state in self.router.view)
 
     # -- running -------------------------------------------------------------------------------
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -396,6 +427,8 @@ class Membership:
             for peer_id in live - self._connected:
                 self._on_meet(peer_id)
             lost = self._connected - live
+            if live != self._connected:
+                self._connections_changed_at = time.monotonic()
             self._connected = live
             for peer_id in lost:
                 if self._on_disconnected is not None:
@@ -416,6 +449,7 @@ class Membership:
         ttl = self.router.config.gossip.peer_ttl_s
         while True:
             await trio.sleep(expire_check_s(ttl))
+            self._repull_unviewed(time.monotonic())
             for peer_id in self.router.view.expire(time.monotonic(), ttl):
                 self.counters.peers_expired += 1
                 log.info("peer %s left the view (silent for %.1f s)", peer_id, ttl)
@@ -425,27 +459,67 @@ class Membership:
                     await finish_stream(stream, False)
                 await self._on_gone(peer_id)
 
+    def _has_digest(self, peer_id: str) -> bool:
+        state = self.router.view.get(peer_id)
+        return state is not None and bool(state.fingerprint) and state.digest_at is not None
+
+    def _repull_unviewed(self, now: float) -> None:
+        """A connected peer that is not in the view, or is in it without its digest
+        (its first pull failed: only a load report or a probe put it there; or it
+        expired while its connection stayed open, a hung process that came back),
+        is pulled again: it may send no keep-alive whose digest version would
+        make us pull it."""
+        gossip = self.router.config.gossip
+        for peer_id in [p for p in self._repull if p not in self._connected or self._has_digest(p)]:
+            del self._repull[peer_id]
+        for peer_id in self._connected:
+            if self._has_digest(peer_id):
+                continue
+            entry = self._repull.get(peer_id)
+            if entry is None:
+                self._repull[peer_id] = (now + gossip.keepalive_interval_s, gossip.keepalive_interval_s)
+            elif now >= entry[0]:
+                wait = min(_REPULL_MAX_S, 2 * entry[1])
+                self._repull[peer_id] = (now + wait, wait)
+                self._on_meet(peer_id)
+
+    def _probe_due(self, state: Any, probe: _Probe) -> float:
+        """The RTT schedule's next probe, or a liveness probe once the peer has been
+        silent for ``peer_ttl_s - keepalive_interval_s`` (one per silence)."""
+        gossip = self.router.config.gossip
+        silent_at = state.last_seen + gossip.peer_ttl_s - gossip.keepalive_interval_s
+        return probe.due if probe.tried >= silent_at else min(probe.due, silent_at)
+
     async def _rtt_loop(self) -> None:
         short = self.config.rtt_interval_s
+        gossip = self.router.config.gossip
+        # Wakes at least this often, so that a peer new to the view gets its
+        # liveness probe in time even when the RTT schedule is slower than the TTL.
+        longest_sleep = min(short, gossip.peer_ttl_s - gossip.keepalive_interval_s)
         while True:
             now = time.monotonic()
             due = []
+            soonest = now + short
             for state in self.router.view:
                 if state.peer_id not in self._connected:
                     continue
                 probe = self._probes.get(state.peer_id)
                 if probe is None:
                     probe = self._probes[state.peer_id] = _Probe(short, now + short)
-                elif probe.due <= now:
+                at = self._probe_due(state, probe)
+                if at <= now:
+                    probe.tried = now
                     due.append(state.peer_id)
+                else:
+                    soonest = min(soonest, at)
             if due:
                 async with trio.open_nursery() as nursery:
                     for peer_id in due:
                         nursery.start_soon(self._ping, peer_id)
+                continue  # their next probes are scheduled now
             for peer_id in [p for p in self._probes if p not in self._connected]:
                 del self._probes[peer_id]
-            soonest = min((p.due for p in self._probes.values()), default=now + short)
-            await trio.sleep(min(short, max(0.05, soonest - time.monotonic())))
+            await trio.sleep(min(longest_sleep, max(0.05, soonest - time.monotonic())))
 
     def _probed(self, peer_id: str, rtt_ms: float | None) -> None:
         """Next probe of ``peer_id``: later while its RTT is stable, soon otherwise."""

@@ -172,6 +172,7 @@ class Node(NodeDiscovery, NodeServing, NodeStatus, NodeNat):
             on_load=lambda peer, info: self.membership.learn_load(
                 peer, info.reachability, info.relay_addrs, info.relay_service
             ),
+            keepalive_wanted=lambda: self.membership.keepalive_wanted(),
         )
         self.model_gossip = ModelGossip(
             pubsub=self._libp2p.pubsub,
@@ -244,8 +245,9 @@ class Node(NodeDiscovery, NodeServing, NodeStatus, NodeNat):
         return [a.split("/p2p/")[0] for a in self.addrs]
 
     def _on_meet(self, peer_id: str) -> None:
-        """A new connection: pull its digest, unless it is serving a sanction."""
-        if not self.sanctions.reapply(peer_id):
+        """A new connection (or a connected peer still not in the view): pull its
+        digest, unless it is serving a sanction or runs another model."""
+        if not self.sanctions.reapply(peer_id) and peer_id not in self.other_models:
             self.puller.want(peer_id)
 
     def _want_pull(self, peer_id: str, epoch: int, version: int) -> None:

@@ -276,6 +276,8 @@ class SimNode:
         (the live node's :class:`~p2pinfer.net.sanctions.PeerSanctions`)."""
         self.schedule = AnnounceSchedule(router.config.gossip)
         """When it publishes load reports and full digests (the live node's rule)."""
+        self.published_version = 0
+        """The digest version its last published digest carried (its load reports name it)."""
 
     def distrusts(self, peer_id: str, now: float) -> bool:
         until = self.sanctioned.get(peer_id)

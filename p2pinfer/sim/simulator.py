@@ -239,6 +239,7 @@ class Simulator(DirectoryMode):
 
     def _publish_digest(self, src: SimNode, data: bytes) -> None:
         digest = decode_digest(data)
+        src.published_version = digest.version
         if digest.kind == "full":
             src.schedule.full_sent(digest.epoch, digest.version)
         self._publish(src, digest.kind, digest, len(data), digest_message_bytes(len(data)))
@@ -246,7 +247,7 @@ class Simulator(DirectoryMode):
     def _publish_load(self, src: SimNode, load: Load | None = None, busy: bool | None = None) -> None:
         load = src.load() if load is None else load
         busy = src.router.over_busy_queue(load) if busy is None else busy
-        src.schedule.load_sent(load, busy, self.now)
+        src.schedule.load_sent(load, busy, self.now, self._load_extra(src))
         tracker = src.router.tracker
         wire = load_report_bytes(
             src.id, self.fingerprint_hex, load.queued_prefill_tokens, load.active_requests, busy, tracker.epoch, tracker.version,
@@ -306,12 +307,20 @@ class Simulator(DirectoryMode):
             self._publish_digest(node, node.router.full_digest())
         self.at(self.now + self.config.gossip.full_interval_s, self._full_tick, node)
 
+    @staticmethod
+    def _load_extra(node: SimNode) -> tuple[object, ...]:
+        """What the live node's load report carries that may change: the digest version it names."""
+        return (node.router.tracker.epoch, node.published_version)
+
     def _load_tick(self, node: SimNode) -> None:
         if not node.alive:
             return
         load = node.load()
         busy = node.router.over_busy_queue(load)
-        if node.schedule.load_due(load, busy, self.now):
+        # Every simulated node is directly connected to every other, so an idle one
+        # sends no keep-alive (GossipConfig.keepalive_interval_s): as a live node
+        # whose peers are all directly connected.
+        if node.schedule.load_due(load, busy, self.now, self._load_extra(node), keepalive=False):
             self._publish_load(node, load, busy)
         self.at(self.now + self.config.gossip.load_interval_s, self._load_tick, node)
 
@@ -319,7 +328,14 @@ class Simulator(DirectoryMode):
         if not node.alive:
             return
         ttl = self.config.gossip.peer_ttl_s
-        node.router.view.expire(self.now, ttl)
+        view = node.router.view
+        # The live node's liveness probes of its directly connected peers (not counted,
+        # like its RTT probes): a live peer stays in the view; one that left is dropped
+        # when its connections close (_leave).
+        for member in self.topics[node.topic]:
+            if member is not node and member.alive and member.id in view:
+                view.add(member.id, self.now)
+        view.expire(self.now, ttl)
         self.at(self.now + ttl / 2, self._expire_tick, node)
 
     def _sync_instant(self) -> None:

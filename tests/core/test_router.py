@@ -198,3 +198,24 @@ def test_the_schedule_says_when_the_next_load_report_falls_due() -> None:
     assert s.next_load_at(Load(0, 4.0, 0)) == 110.0  # idle, unchanged: the keep-alive
     assert s.next_load_at(Load(0, 4.5, 0)) == 101.0  # changed: the next interval
     assert s.next_load_at(Load(10, 4.0, 1)) == 101.0  # working
+
+
+def test_an_idle_node_whose_peers_are_all_directly_connected_sends_no_keepalive() -> None:
+    """Issue 14: a directly connected peer probes us instead, so the idle keep-alive
+    is only for peers that hear of us through gossip alone; news still goes out."""
+    from p2pinfer.core.peers import Load
+    from p2pinfer.core.router import AnnounceSchedule, GossipConfig
+
+    s = AnnounceSchedule(GossipConfig(load_interval_s=1.0, keepalive_interval_s=10.0, peer_ttl_s=30.0))
+    idle = Load(0, 4.0, 0)
+    assert s.load_due(idle, False, 0.0, keepalive=False)  # the first report always goes out
+    s.load_sent(idle, False, 0.0, (7, 3))
+    assert [t for t in (10.0, 60.0, 3600.0) if s.load_due(idle, False, t, (7, 3), keepalive=False)] == []
+    assert s.next_load_at(idle, (7, 3), keepalive=False) == float("inf")
+    assert s.load_due(idle, False, 3600.0, (7, 3))  # a peer that is not directly connected: due again
+    assert s.load_due(idle, True, 5.0, (7, 3), keepalive=False)  # a busy flip at once
+    assert s.load_due(Load(0, 4.0, 1), False, 5.0, (7, 3), keepalive=False)  # work
+    # A new digest version (what the report names) is news: a peer that missed it learns it.
+    assert not s.load_due(idle, False, 0.5, (7, 4), keepalive=False)
+    assert s.load_due(idle, False, 1.0, (7, 4), keepalive=False)
+    assert s.next_load_at(idle, (7, 4), keepalive=False) == 1.0

@@ -1,0 +1,40 @@
+"""gossipsub's heartbeat in a live node: every HEARTBEAT_S (2 s), its score decay rescaled to match (issue 14)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+from libp2p.pubsub.gossipsub import GossipSub
+
+from p2pinfer.lab.node_process import fast_config
+from p2pinfer.net.host import HEARTBEAT_S
+from p2pinfer.net.sanctions import DECAY_PER_S
+from p2pinfer.node import Node
+
+
+async def test_the_heartbeat_runs_every_two_seconds_and_penalties_still_decay_per_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    beats: list[float] = []
+    original = GossipSub.mesh_heartbeat
+
+    def counting(self: Any) -> Any:
+        beats.append(trio.current_time())
+        return original(self)
+
+    monkeypatch.setattr(GossipSub, "mesh_heartbeat", counting)
+    async with Node(fast_config()) as node:
+        await trio.sleep(0.3)  # past the initial delay
+        start = len(beats)
+        t0 = trio.current_time()
+        await trio.sleep(5.0)
+        seconds = trio.current_time() - t0
+        gossipsub = node._libp2p.gossipsub
+        assert gossipsub.heartbeat_interval == HEARTBEAT_S >= 2
+        # A 1 s heartbeat would beat 5 times; a loaded machine beats less often, never more.
+        assert len(beats) - start <= seconds / 2 + 1, beats
+        gaps = [b - a for a, b in zip(beats, beats[1:])]
+        assert all(g >= HEARTBEAT_S - 0.05 for g in gaps), gaps
+        # One heartbeat decays a penalty by the per-second rate over two seconds.
+        decay = gossipsub.scorer.params.p5_behavior_penalty_decay
+        assert abs(decay - DECAY_PER_S**HEARTBEAT_S) < 1e-12
