@@ -226,8 +226,13 @@ class SpotChecks:
             return "hold"
         return "after" if self.rng.random() < self.config.fraction else "none"
 
-    def record(self, peer: str, verdict: Verdict) -> None:
-        """A check's outcome: a pass counts towards probation, a failure restarts it."""
+    def record(self, peer: str, verdict: Verdict, *, window: bool = False) -> None:
+        """A check's outcome: a pass counts towards probation, a failure restarts it.
+        ``window``: the check of a probation window; its pass is not yet a passed
+        answer (only the whole answer's check counts), its failure is one."""
+        if window and verdict.ok:
+            self.windows_passed += 1
+            return
         self.checks += 1
         self.checked_tokens += verdict.checked_tokens
         passed = self._passed.pop(peer, 0)

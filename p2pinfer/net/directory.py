@@ -482,9 +482,10 @@ class DirectoryService:
             if moved and self._nursery is not None:
                 self._nursery.start_soon(self.on_placement_changed, moved)
         now = time.monotonic()
-        owners = askable_owners(self.placement.owners(query.anchor), self.self_id, self._distrusted)
+        placed = self.placement.owners(query.anchor)
+        owners = askable_owners(placed, self.self_id, self._distrusted)
         if not owners:
-            if self.placement.owners(query.anchor):
+            if placed:
                 self.skipped_distrusted += 1
             return None
         self.lookups += 1

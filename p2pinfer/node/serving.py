@@ -518,10 +518,7 @@ class NodeServing:
             return None
         self.counters.tokens_checked += len(prompt) + len(answer)
         verdict = judge(scores, params, config)
-        if final or not verdict.ok:
-            self.spot_checks.record(peer, verdict)
-        else:
-            self.spot_checks.windows_passed += 1
+        self.spot_checks.record(peer, verdict, window=not final)
         if not verdict.ok:
             log.warning("answer of %s failed its check: %s", peer, verdict.reason)
         return verdict
