@@ -66,16 +66,18 @@ class GossipConfig:
     everyone is connected to everyone an idle node publishes nothing on its
     digest topic (issue 14). The simulator's nodes are all directly connected."""
     peer_ttl_s: float = 30.0
-    """A peer not heard from (gossip, digest pull or RTT probe) for this long
-    leaves the view. One whose connection to us closes leaves at once (the
+    """A peer not heard from (gossip, digest pull, an RTT probe it answered or
+    sent us) for this long leaves the view. One whose connection to us closes leaves at once (the
     live node's membership; the simulator one link delay after it left)."""
     model_interval_s: float = 60.0
     """Model announcements (which node serves which model, all models on one
-    topic) at least this often, besides one at start and one soon after a
-    newcomer is heard; a node silent for 2.5 times this no longer counts as
-    serving its model, and one whose connection to us closes stops counting
-    at once. Live node only. Not 10 s: relayed to every mesh peer, the
-    announcements were half the pubsub traffic of an idle swarm (issue 14)."""
+    topic) this often in a swarm of up to eight nodes, longer in a larger one
+    (``core.swarm_models.announce_interval_s``: each node receives the same
+    number per second whatever the swarm's size), besides one at start and
+    one soon after a newcomer is heard; a node silent for 2.5 intervals no
+    longer counts as serving its model, and one whose connection to us closes
+    stops counting at once. Live node only. Not 10 s: relayed to every mesh
+    peer, the announcements were half the pubsub traffic of an idle swarm (issue 14)."""
 
     def __post_init__(self) -> None:
         for name in ("delta_interval_s", "full_interval_s", "load_interval_s", "keepalive_interval_s", "peer_ttl_s"):

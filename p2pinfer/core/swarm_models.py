@@ -17,11 +17,33 @@ from collections import OrderedDict
 from dataclasses import dataclass
 import random
 
-__all__ = ["ModelRecord", "SwarmModel", "SwarmModels"]
+__all__ = ["ModelRecord", "SwarmModel", "SwarmModels", "announce_interval_s"]
 
 _REMEMBER_S = 600.0
-"""A model no node has announced for this long is forgotten (then: 404, not 503)."""
+"""A model no node has announced for this long is forgotten (then: 404, not 503);
+never less than two announcement TTLs."""
 _MAX_PEERS = 4096
+TTL_INTERVALS = 2.5
+"""A peer not heard for this many announcement intervals no longer counts as serving."""
+FLAT_NODES = 8
+"""Up to this many nodes in the table, announcements every base interval."""
+MAX_INTERVAL_FACTOR = 10.0
+
+
+def announce_interval_s(base_s: float, nodes: int) -> float:
+    """How often a node announces its model in a swarm of ``nodes`` (as its table counts them).
+
+    Every announcement reaches every node of the swarm, so with a fixed
+    interval each node would receive ``nodes / interval`` a second, growing
+    with the swarm (at 16 idle nodes the announcements and the IHAVE gossip
+    about them were most of a node's pubsub traffic, issue 14). Past
+    :data:`FLAT_NODES` the interval grows with the swarm, so a node receives
+    about ``FLAT_NODES / base_s`` a second whatever its size, up to
+    :data:`MAX_INTERVAL_FACTOR` times the base (80 nodes at the defaults).
+    A newcomer still learns every model within a second: each node answers the
+    first announcement it hears from a node new to it.
+    """
+    return base_s * min(MAX_INTERVAL_FACTOR, max(1.0, nodes / FLAT_NODES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,18 +68,35 @@ class SwarmModel:
 
 
 class SwarmModels:
-    """The table of who serves what; ``ttl_s``: a peer silent this long no longer counts."""
+    """The table of who serves what. ``base_interval_s``: the announcement
+    interval of a small swarm (:func:`announce_interval_s` scales it with the
+    table); a peer silent for :data:`TTL_INTERVALS` intervals no longer counts."""
 
-    def __init__(self, self_id: str, fingerprint: str, alias: str, ttl_s: float, remember_s: float = _REMEMBER_S) -> None:
+    def __init__(
+        self, self_id: str, fingerprint: str, alias: str, base_interval_s: float, remember_s: float = _REMEMBER_S
+    ) -> None:
         self.self_id = self_id
         self.fingerprint = fingerprint
         self.alias = alias
-        self.ttl_s = ttl_s
-        self.remember_s = remember_s
+        self.base_interval_s = base_interval_s
+        self._remember_s = remember_s
         self._peers: OrderedDict[str, ModelRecord] = OrderedDict()
         self._busy_until: dict[str, float] = {}
         self._last_alias: dict[str, tuple[str, float]] = {}
         """fingerprint -> (alias, last heard): so a model that lost its nodes is a 503, not a 404."""
+
+    @property
+    def interval_s(self) -> float:
+        """This node's announcement interval now (the table counts the swarm, this node included)."""
+        return announce_interval_s(self.base_interval_s, len(self._peers) + 1)
+
+    @property
+    def ttl_s(self) -> float:
+        return TTL_INTERVALS * self.interval_s
+
+    @property
+    def remember_s(self) -> float:
+        return max(self._remember_s, 2 * self.ttl_s)
 
     def heard(self, peer_id: str, fingerprint: str, alias: str, now: float) -> bool:
         """A peer announced its model; True when the peer or its model is new to us."""

@@ -250,6 +250,15 @@ def build_stack(config: NodeConfig, key_pair: KeyPair, topic: str, counters: Nod
         # Peer scoring: only penalties we impose (sanctions.py) lower a score.
         score_params=gossip_score_params(HEARTBEAT_S),
     )
+    # py-libp2p 0.8's "GRAFT flood" check (gossipsub v1.4) records when a peer
+    # PRUNEd *us* and penalises that peer's GRAFT within 10 s of it: the
+    # opposite of the spec's rule (a GRAFT inside the backoff *we* gave with
+    # our PRUNE, which ``_check_back_off`` already enforces). In a small mesh
+    # (D = 3) two honest peers that prune and re-graft each other kept
+    # penalising each other: hundreds of "GRAFT flood detected" warnings per
+    # 16-node idle run, behaviour penalties on honest peers and mesh churn
+    # (issue 14). A threshold of 0 turns that check off; the backoff rule stays.
+    gossipsub.graft_flood_threshold = 0.0
     pubsub = CountingPubsub(
         host,
         gossipsub,

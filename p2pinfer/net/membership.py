@@ -28,7 +28,18 @@ helper rounds to whole milliseconds, which is 0 on a LAN): every
 ``rtt_interval_s`` for a new peer, backing off by doubling to
 ``rtt_max_interval_s`` while its RTT stays within :data:`_RTT_STABLE` of
 the smoothed value, back to the short interval when it moves or a probe
-fails. A probe that succeeds counts as hearing from the peer.
+fails. A probe that succeeds counts as hearing from the peer, and so does a
+probe the peer sends us: a pair of nodes whose probes alternate need no
+liveness probe at all.
+
+This node answers pings itself (:meth:`Membership.answer_pings`, the same
+``/ipfs/ping/1.0.0`` echo) instead of py-libp2p's handler, which closes a
+stream idle for 10 s: with probes 20-30 s apart every probe had to open a
+new stream (multistream-select, yamux open and close), about a third of an
+idle node's probing cost (issue 14). Ours keeps a stream for
+:data:`_PING_ANSWER_IDLE_FACTOR` times the longest probe interval. A probe
+on a kept stream that the other side closed (a responder with libp2p's
+10 s rule) is retried at once on a new stream.
 """
 
 from __future__ import annotations
@@ -45,7 +56,9 @@ import trio
 
 from libp2p.abc import IHost, INetConn, INetStream, INetwork, INotifee
 from libp2p.host.ping import ID as PING_PROTOCOL
+from libp2p.io.exceptions import IncompleteReadError
 from libp2p.io.utils import read_exactly
+from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
@@ -67,12 +80,11 @@ _MAX_BACKOFF_S = 30.0
 _FORGET_AFTER_FAILURES = 6
 _PING_BYTES = 32
 _PEERSTORE_TTL_S = 600
-_PING_STREAM_IDLE_S = 8.0
-"""A ping stream is kept for the next probe only if it comes sooner than
-this: py-libp2p's ping handler closes a stream idle for 10 s
-(``libp2p.host.ping.RESP_TIMEOUT``), so a probe backed off past that found
-its stream closed, failed, and was rescheduled as if the peer had jittered:
-the probes never backed off (issue 14)."""
+_PING_ANSWER_IDLE_FACTOR = 3.0
+"""Our ping responder closes a stream idle for this many ``rtt_max_interval_s``
+(py-libp2p's closes one idle for 10 s, ``libp2p.host.ping.RESP_TIMEOUT``)."""
+_PING_STREAMS_PER_PEER = 2
+"""Inbound ping streams answered per peer at once (the ping spec's limit)."""
 _REPULL_MAX_S = 120.0
 """Longest wait between two pulls of a connected peer that is not in the view (or has no digest in it)."""
 _RTT_STABLE = (1.0, 10.0)
@@ -198,6 +210,8 @@ class Membership:
         self._book: dict[str, _Entry] = {}
         self._connected: set[str] = set()
         self._ping_streams: dict[str, INetStream] = {}
+        self._ping_answering: dict[str, int] = {}
+        """Inbound ping streams being answered, per prober."""
         self._probes: dict[str, _Probe] = {}
         self._repull: dict[str, tuple[float, float]] = {}
         """Connected peers not in the view, or without their digest in it: (next pull, wait after it)."""
@@ -326,6 +340,7 @@ class Membership:
         self._dial_wanted.bind()
         events = _ConnectionEvents([self._connections_changed, self._dial_wanted])
         self.host.get_network().register_notifee(events)
+        self.host.set_stream_handler(PING_PROTOCOL, self.answer_pings)
         unregister = self._hook_mdns()
         try:
             async with trio.open_nursery() as nursery:
@@ -539,14 +554,16 @@ class Membership:
             self._probed(peer_id, rtt_ms)
             if rtt_ms is not None and peer_id in self.router.view:
                 self.router.view.set_rtt(peer_id, rtt_ms, time.monotonic())
-        probe = self._probes.get(peer_id)
-        if probe is not None and probe.interval >= _PING_STREAM_IDLE_S:
-            # The responder would close it before the next probe: the next one opens its own.
-            stream = self._ping_streams.pop(peer_id, None)
-            if stream is not None:
-                await finish_stream(stream, True)
 
     async def _measure_rtt(self, peer_id: str) -> float | None:
+        if peer_id in self._ping_streams:
+            rtt_ms = await self._probe_once(peer_id)
+            if rtt_ms is not None or peer_id not in self._connected:
+                return rtt_ms
+            # The kept stream failed (the responder closed it, or it broke): once more on a new one.
+        return await self._probe_once(peer_id)
+
+    async def _probe_once(self, peer_id: str) -> float | None:
         stream = self._ping_streams.get(peer_id)
         if stream is not None and self._path_of_stream is not None and self._best_path is not None:
             if self._path_of_stream(peer_id, stream) != self._best_path(peer_id):
@@ -578,3 +595,40 @@ class Membership:
             if self._ping_streams.pop(peer_id, None) is not None and stream is not None:
                 await finish_stream(stream, False)
             return None
+
+    async def answer_pings(self, stream: INetStream) -> None:
+        """The ``/ipfs/ping/1.0.0`` responder: echo each 32-byte ping until the
+        prober closes the stream or leaves it idle for
+        :data:`_PING_ANSWER_IDLE_FACTOR` x ``rtt_max_interval_s``; each ping
+        counts as hearing from the prober if it is in the view."""
+        peer_id = stream.muxed_conn.peer_id.to_base58()
+        open_streams = self._ping_answering.get(peer_id, 0)
+        if open_streams >= _PING_STREAMS_PER_PEER:
+            await stream.reset()
+            return
+        self._ping_answering[peer_id] = open_streams + 1
+        idle_s = _PING_ANSWER_IDLE_FACTOR * self.config.rtt_max_interval_s
+        clean = True
+        try:
+            while True:
+                with trio.move_on_after(idle_s) as idle:
+                    try:
+                        payload = await read_exactly(stream, _PING_BYTES)
+                    except (StreamEOF, IncompleteReadError):
+                        break  # the prober closed it
+                if idle.cancelled_caught:
+                    break
+                if peer_id in self.router.view:
+                    self.router.view.add(peer_id, time.monotonic())
+                with trio.fail_after(min(5.0, self.config.connect_timeout_s)):
+                    await stream.write(payload)
+        except Exception as exc:  # reset, timed out writing, connection gone
+            log.debug("answering pings of %s: %s: %s", peer_id, type(exc).__name__, exc)
+            clean = False
+        finally:
+            left = self._ping_answering.get(peer_id, 1) - 1
+            if left > 0:
+                self._ping_answering[peer_id] = left
+            else:
+                self._ping_answering.pop(peer_id, None)
+            await finish_stream(stream, clean)

@@ -2,7 +2,8 @@
 
 Each node says which model it serves (fingerprint, alias, addresses) on
 ``/p2pinfer/models/1``: at start, every ``GossipConfig.model_interval_s``
-(jittered), and once soon after it first hears a node (so that a newcomer
+(jittered; longer in a swarm of more than eight nodes,
+:func:`~p2pinfer.core.swarm_models.announce_interval_s`), and once soon after it first hears a node (so that a newcomer
 learns every model within about a second, without anyone chattering every
 second). Announcements feed :class:`~p2pinfer.core.swarm_models.SwarmModels`
 and membership (the addresses to dial); digests and load reports stay on
@@ -51,7 +52,6 @@ class ModelGossip:
         counters: NodeCounters,
         self_id: str,
         addrs: Callable[[], list[str]],
-        interval_s: float,
         on_heard: Callable[[str, tuple[str, ...]], None],
         sanctions: PeerSanctions | None = None,
     ) -> None:
@@ -60,7 +60,6 @@ class ModelGossip:
         self.counters = counters
         self.self_id = self_id
         self._addrs = addrs
-        self.interval_s = interval_s
         self._on_heard = on_heard
         self._sanctions = sanctions
         self._rates = OriginRateLimit(_MAX_PER_ORIGIN_PER_S)
@@ -105,7 +104,7 @@ class ModelGossip:
 
     async def _announce_loop(self) -> None:
         while True:
-            with trio.move_on_after(self.interval_s * random.uniform(0.9, 1.1)):
+            with trio.move_on_after(self.models.interval_s * random.uniform(0.9, 1.1)):
                 await self._answer.wait()
                 # A newcomer: let the burst of announcements settle, then answer once.
                 await trio.sleep(random.uniform(*_ANSWER_DELAY_S))

@@ -131,7 +131,7 @@ class Node(NodeDiscovery, NodeServing, NodeStatus, NodeNat):
         self.host = host
         self.other_models = OtherModels(self.router.fingerprint_hex)
         model_interval = self.router.config.gossip.model_interval_s
-        self.swarm_models = SwarmModels(self.peer_id, self.router.fingerprint_hex, self.engine.model_name, 2.5 * model_interval)
+        self.swarm_models = SwarmModels(self.peer_id, self.router.fingerprint_hex, self.engine.model_name, model_interval)
         self.sanctions = PeerSanctions(self._libp2p.gossipsub.scorer, config.router.trust.distrust_s)
         self.spot_checks = SpotChecks(config.router.verify)
 
@@ -180,7 +180,6 @@ class Node(NodeDiscovery, NodeServing, NodeStatus, NodeNat):
             counters=self.counters,
             self_id=self.peer_id,
             addrs=self._dial_addrs,
-            interval_s=model_interval,
             on_heard=lambda peer, addrs: self.membership.learn(peer, addrs),
             sanctions=self.sanctions,
         )

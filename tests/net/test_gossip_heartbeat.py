@@ -38,3 +38,25 @@ async def test_the_heartbeat_runs_every_two_seconds_and_penalties_still_decay_pe
         # One heartbeat decays a penalty by the per-second rate over two seconds.
         decay = gossipsub.scorer.params.p5_behavior_penalty_decay
         assert abs(decay - DECAY_PER_S**HEARTBEAT_S) < 1e-12
+
+
+async def test_a_peer_that_pruned_us_and_grafts_again_is_not_penalised() -> None:
+    """py-libp2p's GRAFT-flood check penalised a peer for grafting us soon
+    after *it* pruned *us* (-9.8 on its score at once: issue 14, honest peers
+    penalising each other). With it off, B's GRAFT right after its PRUNE is
+    only refused under the backoff rule, and B's score stays untouched."""
+    async with Node(fast_config()) as b, Node(fast_config(bootstrap=(b.addrs[0],))) as a:
+        await a.wait_for_peers(1)
+        ga, gb = a._libp2p.gossipsub, b._libp2p.gossipsub
+        a_id, b_id, topic = a._libp2p.host.get_id(), b._libp2p.host.get_id(), a.topic
+        for _ in range(100):  # B in A's mesh on the digest topic
+            if b_id in ga.mesh.get(topic, ()):
+                break
+            await trio.sleep(0.05)
+        await gb.emit_prune(topic, a_id, False, False)
+        await trio.sleep(0.5)
+        await gb.emit_graft(topic, a_id)
+        await trio.sleep(0.5)
+        assert b_id in ga.back_off[topic]  # the GRAFT was seen (and refused: B's own backoff)
+        assert ga.scorer.graft_flood_penalties.get(b_id, 0.0) == 0.0
+        assert ga.scorer.score(b_id, [topic]) >= 0.0

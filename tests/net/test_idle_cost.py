@@ -5,7 +5,7 @@ loopback, bootstrapped from the first; nobody sends a request. Their CPU time
 is read from ``/proc`` over 10 s once every view is complete: a node waiting
 for a core is not charged for the wait, so a busy machine does not inflate it.
 The bound, 5 % of a core per node, is generous on purpose (``p2pinfer bench
-idle`` measures 1.5 % at 8 nodes here, and at least 8 % before issue 14,
+idle`` measured 1.17 % at 8 nodes here after issue 14's third round, and at least 8 % before issue 14,
 docs/results.md "Idle cost of a node"); the figures themselves live in the
 benchmark, not here.
 """

@@ -69,7 +69,7 @@ def _now() -> float:
 
 
 def test_model_table_resolves_counts_expires_and_remembers():
-    t = SwarmModels("self", "aaaa", "own-model", ttl_s=10.0, remember_s=100.0)
+    t = SwarmModels("self", "aaaa", "own-model", base_interval_s=4.0, remember_s=100.0)  # TTL 2.5 x 4 s
     assert t.heard("p1", "bbbb", "other-model", 0.0)
     assert not t.heard("p1", "bbbb", "other-model", 1.0)  # nothing new
     assert t.heard("p2", "bbbb", "other-model", 1.0)
