@@ -145,6 +145,7 @@ def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float,
     finally:
         swarm.close()
     ttft = [r["ttft_s"] * 1000.0 for r in results]
+    decide = [r["decision_s"] * 1000.0 for r in results if r.get("decision_s") is not None]
     prompt = sum(r["prompt_tokens"] for r in results)
     reused = sum(r["reused_tokens"] for r in results)
     out: dict[str, Any] = {
@@ -161,6 +162,8 @@ def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float,
         "hit_rate": round(reused / prompt, 4) if prompt else 0.0,
         "ttft_ms_mean": round(statistics.fmean(ttft), 1) if ttft else None,
         "ttft_ms_p99": round(_pct(ttft, 99), 1) if ttft else None,
+        "decision_ms_mean": round(statistics.fmean(decide), 2) if decide else None,
+        "decision_ms_p99": round(_pct(decide, 99), 2) if decide else None,
         "served_remote_share": round(sum(not r["served_locally"] for r in results) / max(1, len(results)), 3),
         "predicted_equals_realised_share": round(
             sum(r["reused_tokens"] == r["predicted_reused_tokens"] for r in results) / max(1, len(results)), 3),
@@ -184,6 +187,14 @@ def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float,
     out["sim_ttft_ms_p99"] = sim["ttft_ms"]["p99"]
     out["sim_hit_rate"] = sim["hit_rate"]
     out["sim_bytes_in_per_node_per_s"] = sim.get("gossip_bytes_per_node_per_s")
+    disc = sim.get("discovery") or {}
+    out["sim_bytes_in_per_node_per_s_p99"] = disc.get("in_bytes_per_s_node_p99")
+    out["sim_bytes_in_busiest_node_per_s"] = disc.get("in_bytes_per_s_node_max")
+    out["sim_bytes_in_by_kind"] = disc.get("in_bytes_per_node_per_s_by_kind")
+    out["sim_bytes_note"] = "discovery traffic only (gossip, directory streams, KadDHT): no forwarded requests or answers"
+    wait = sim.get("decision_wait_ms") or {}
+    out["sim_decision_ms_mean"] = round(sim["decision_us_p50"] / 1000.0 + wait.get("mean", 0.0), 2)
+    out["sim_decision_note"] = "the simulator's own decision CPU time (p50, wall clock) plus the lookup's mean round trip (virtual)"
     if out["ttft_ms_mean"] and out["sim_ttft_ms_mean"]:
         out["live_over_sim_ttft"] = round(out["ttft_ms_mean"] / out["sim_ttft_ms_mean"], 3)
     return out
