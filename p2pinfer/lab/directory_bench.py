@@ -53,6 +53,10 @@ def _pct(values: list[float], q: float) -> float:
     return s[k]
 
 
+def _mean(values: list[float]) -> float | None:
+    return round(statistics.fmean(values), 1) if values else None
+
+
 def build_workload(n_nodes: int, requests: int, rate: float, seed: int, popularity: str = "zipf:1") -> tuple[list[Any], Any]:
     """The MMLU five-shot requests (token ids), their arrivals and entries, and the encoder."""
     from ..workloads.base import PromptEncoder, TimedRequest, parse_popularity, poisson_arrivals
@@ -164,6 +168,10 @@ def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float,
         "ttft_ms_p99": round(_pct(ttft, 99), 1) if ttft else None,
         "decision_ms_mean": round(statistics.fmean(decide), 2) if decide else None,
         "decision_ms_p99": round(_pct(decide, 99), 2) if decide else None,
+        "ttft_ms_mean_served_locally": _mean([r["ttft_s"] * 1000.0 for r in results if r["served_locally"]]),
+        "ttft_ms_mean_forwarded": _mean([r["ttft_s"] * 1000.0 for r in results if not r["served_locally"]]),
+        "checked_answers": sum(bool(a.get("check")) for r in results for a in r.get("attempts", [])),
+        "held_answers": sum(bool(a.get("held_tokens")) for r in results for a in r.get("attempts", [])),
         "served_remote_share": round(sum(not r["served_locally"] for r in results) / max(1, len(results)), 3),
         "predicted_equals_realised_share": round(
             sum(r["reused_tokens"] == r["predicted_reused_tokens"] for r in results) / max(1, len(results)), 3),
