@@ -19,7 +19,11 @@ is complete:
    prompt tokens), mean and p99 TTFT;
 3. the simulator's prediction for the same requests, arrivals and entries
    (``sim_*``): same node count, discovery, directory settings (KadDHT
-   placement), gossip schedule and engine cost model, 0.1 ms one-way links.
+   placement, its own traffic counted), gossip schedule (load reports on one
+   topic, as the live node sends them) and engine cost model, 0.1 ms
+   one-way links. The simulator models no answer verification (the live
+   origin holds and checks its first answers from each peer), so the
+   forwarded requests' TTFT is reported apart.
 
 TTFT here is the engine's, plus queueing and the forward: the simulated
 engine sleeps its modelled time, so a loaded machine changes little of it,
@@ -118,9 +122,11 @@ def simulate(n: int, mode: str, reqs: list[Any], encoder: Any, seed: int) -> dic
     from ..sim.model import SimConfig
     from ..sim.simulator import Simulator
 
+    # The live node gossips load reports on the model's one topic in both modes (no small
+    # load topics yet), so the prediction does too: topic_size = n.
     config = SimConfig(
         nodes=n, discovery=mode, directory=LIVE_DIRECTORY, gossip=GossipConfig(), cost=EngineCostModel(),
-        cache_tokens=200_000, latency="0.1", warmup=0.0, seed=seed,
+        cache_tokens=200_000, latency="0.1", warmup=0.0, seed=seed, topic_size=n,
     )
     return Simulator(config, reqs, encoder, workload={"kind": "mmlu", "requests": len(reqs)}).run()
 
