@@ -205,6 +205,20 @@ class IdleSwarm:
                 return False
         return True
 
+    def eligible_share(self) -> float | None:
+        """Share of (node, other node) pairs in which the node holds the other as eligible."""
+        ids = {p.peer_id for p in self.procs}
+        held = pairs = 0
+        for p in self.procs:
+            try:
+                view = p.call("view", timeout_s=60)
+            except Exception:
+                return None
+            for other in ids - {p.peer_id}:
+                pairs += 1
+                held += bool(view.get(other, {}).get("eligible"))
+        return round(held / pairs, 4) if pairs else None
+
     def wait_complete(self, timeout_s: float, poll_s: float = 1.0) -> float | None:
         """Seconds until every node has every other in its view; None if not within ``timeout_s``."""
         t0 = time.monotonic()

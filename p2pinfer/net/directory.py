@@ -68,6 +68,7 @@ from ..core.directory import (
     encode_message,
     make_query,
 )
+from ..core.dht import RESOLVE_TTL_S, ResolveSchedule, routing_table_complete
 from ..core.peers import Load
 from ..core.radix import TreeEvent
 from ..core.router import Router
@@ -80,8 +81,6 @@ log = logging.getLogger(__name__)
 
 _PLACEMENT_TICK_S = 0.5
 """How often the placement is brought in line with the DHT's routing table."""
-RESOLVE_TTL_S = 300.0
-"""An anchor looked up in the DHT is looked up again after this long (joins far away)."""
 
 
 class DirectoryRefused(Exception):
@@ -123,7 +122,7 @@ class DhtPlacement:
         self._was_connected: set[str] = set()
         self._learned: set[str] = set()
         """Peers DHT lookups named among an anchor's closest (maybe not in the routing table)."""
-        self._resolved: dict[int, float] = {}
+        self._resolve = ResolveSchedule(RESOLVE_TTL_S)
         self.lookups = 0
         """DHT lookups made (``find_closest_peers_network``)."""
 
@@ -151,20 +150,20 @@ class DhtPlacement:
 
     def table_complete(self) -> bool:
         """No bucket full: the routing table holds every DHT peer heard of."""
-        return all(b.size() < b.bucket_size for b in self.dht.routing_table.buckets)
+        buckets = self.dht.routing_table.buckets
+        return routing_table_complete((b.size() for b in buckets), buckets[0].bucket_size if buckets else 20)
 
     async def resolve(self, anchors: Iterable[int], now: float) -> list[int]:
         """Look up in the DHT the anchors not looked up for :data:`RESOLVE_TTL_S`
         (only while the routing table is incomplete); the closest peers found
         join the members. Returns the anchors whose owners changed."""
-        if self.table_complete():
+        todo = self._resolve.due(anchors, now, self.table_complete())
+        if not todo:
             return []
-        todo = [a for a in dict.fromkeys(anchors) if now - self._resolved.get(a, -RESOLVE_TTL_S) >= RESOLVE_TTL_S]
         found: set[str] = set()
 
         async def one(anchor: int) -> None:
             self.lookups += 1
-            self._resolved[anchor] = now
             try:
                 peers = await self.dht.peer_routing.find_closest_peers_network(anchor_key(anchor))
             except Exception as exc:  # the DHT's own errors: keep the owners we have

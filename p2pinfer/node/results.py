@@ -72,6 +72,9 @@ class GenerateResult:
     """Each generated token's :class:`~p2pinfer.engines.base.TokenLogprob`, when asked for."""
     path: str | None = None
     """How the serving attempt reached its peer: ``local``, ``direct``, ``hole-punched`` or ``relayed``."""
+    decision_s: float | None = None
+    """From the call to the policy's decision, at this node: hashing, the directory lookup (when the
+    node queries the directory) and the policy's ranking; ``None`` when the request was delegated."""
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k not in ("record", "attempts", "decision", "logprobs")}

@@ -137,6 +137,7 @@ class NodeServing:
         deadline = trio.current_time() + (timeout_s or self.config.request_timeout_s)
         request_id = secrets.token_bytes(16)
         decision, hashes = await self.route_tokens(tokens)
+        decision_s = time.perf_counter() - t0
         life = self.new_attempts(decision, tokens, hashes, params.max_tokens, prefer)
         out: list[int] = []
         text: list[str] = []
@@ -325,6 +326,7 @@ class NodeServing:
             model=self.router.fingerprint_hex,
             logprobs=logprobs,
             path=served.path,
+            decision_s=decision_s,
         )
 
     async def complete(self, prompt: Prompt, params: GenerationParams | None = None, **kwargs: Any) -> GenerateResult:

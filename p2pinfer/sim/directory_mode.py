@@ -8,15 +8,47 @@ round trip, a timeout and a retry) and then decides with the answer
 (:mod:`p2pinfer.core.directory`), encoded and decoded as on the wire, so
 their sizes are real. A mixin of :class:`~p2pinfer.sim.simulator.Simulator`:
 the event loop, the nodes and the decision stay there.
+
+With KadDHT placement (``--directory-placement kademlia``, the live node's)
+the DHT's own traffic is counted too, by the rules of
+:mod:`p2pinfer.core.dht` that the live placement runs: every node refreshes
+its routing table every :data:`~p2pinfer.core.dht.ROUTING_TABLE_REFRESH_S`
+(one lookup for its own id, one per non-empty bucket; the initial swarm at
+random phases, as if it had been running, a joining node when it joins), and
+while its table is incomplete (a full bucket) it looks up each anchor it
+registers or queries, at first use and again after
+:data:`~p2pinfer.core.dht.RESOLVE_TTL_S` (an entry's query waits for that
+lookup: one round trip). A lookup is one round of FIND_NODE requests to the
+``ALPHA`` members closest to its key (:func:`~p2pinfer.core.dht.lookup_queries`:
+exact when every table holds every member, the floor otherwise); each answer
+names ``BUCKET_SIZE`` peers with their signed records
+(:func:`~p2pinfer.sim.network.find_node_response_bytes`). Each node's routing
+table is taken to hold every member (py-libp2p's table keeps every DHT peer
+it hears of, splitting any full bucket); the placement stays the simulator's
+one membership. Not counted: the connections a lookup opens to peers it was
+not connected to (Noise handshake, identify, gossipsub hello).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+import hashlib
+import heapq
 import random
 import time
 
+from ..core.dht import (
+    BUCKET_SIZE,
+    RESOLVE_TTL_S,
+    ROUTING_TABLE_REFRESH_S,
+    ResolveSchedule,
+    kbucket_sizes,
+    lookup_queries,
+    refresh_lookups,
+    routing_table_complete,
+)
 from ..core.directory import (
     AnchorCheck,
     Answer,
@@ -29,14 +61,16 @@ from ..core.directory import (
     Register,
     Rendezvous,
     Resend,
+    anchor_key,
     anchor_of,
     decode_message,
     encode_message,
+    kademlia_member_key,
     make_placement,
     make_query,
 )
 from .model import Req, SimConfig, SimNode
-from .network import stream_request_bytes, stream_response_bytes
+from .network import PEER_ID_BYTES, find_node_request_bytes, find_node_response_bytes, stream_request_bytes, stream_response_bytes
 
 __all__ = ["DirectoryMode"]
 
@@ -70,6 +104,19 @@ class DirectoryMode:
         self.lookup_ms: list[float] = []
         self.query_ns: list[int] = []
         self._lookup_seq = 0
+        # KadDHT placement: the DHT's own traffic (see the module docstring).
+        self.dht_on = config.placement == "kademlia"
+        self.dht_keys: list[int] = []
+        """Routing-table keys of the members, sorted."""
+        self.dht_members: dict[str, int] = {}
+        """Member -> its routing-table key."""
+        self.dht_version = 0
+        self.dht_lookups: Counter[str] = Counter()
+        """DHT lookups by reason: ``refresh`` (routing table), ``resolve`` (an anchor)."""
+        self.dht_find_nodes = 0
+        self._dht_complete: dict[str, tuple[int, bool]] = {}
+        self._dht_closest: dict[int, tuple[int, list[str]]] = {}
+        self.rng_dht = random.Random(f"{self.config.seed}-dht")
 
     def _add_directory_node(self, node: SimNode) -> None:
         """Directory discovery: an anchor tracker on the cache, a directory
@@ -86,16 +133,25 @@ class DirectoryMode:
         self.at(self.now + phase() * d.update_interval_s, self._dir_update_tick, node)
         self.at(self.now + (1 + phase()) * d.refresh_s, self._dir_refresh_tick, node)
         self.at(self.now + d.entry_ttl_s / 2, self._dir_expire_tick, node)
+        if self.dht_on:
+            node.resolve = ResolveSchedule(RESOLVE_TTL_S)
         if self.now == 0.0:
             self.membership.add(node.id)  # the initial swarm
+            self._dht_member(node.id, True)
+            if self.dht_on:  # running for a while already: refreshes at random phases
+                self.at(phase() * ROUTING_TABLE_REFRESH_S, self._dht_refresh_tick, node)
         else:
             self.at(self.now + cfg.membership_delay_s, self._member_join, node)
 
     def _member_join(self, node: SimNode) -> None:
         if node.alive:
+            self._dht_member(node.id, True)
             self._placement_changed(self.membership.add(node.id))
+            if self.dht_on:  # KadDHT refreshes its routing table when it starts
+                self._dht_refresh_tick(node)
 
     def _member_leave(self, node: SimNode) -> None:
+        self._dht_member(node.id, False)
         changed = self.membership.remove(node.id)
         for other in self.alive:
             other.store.drop_holder(node.id)  # type: ignore[union-attr]
@@ -124,6 +180,8 @@ class DirectoryMode:
         if not updates and not checks:
             return
         batches: dict[str, tuple[list[AnchorUpdate], list[AnchorCheck]]] = {}
+        if only is None and self.dht_on:
+            self._dht_resolve(node, {u.anchor for u in updates} | {c.anchor for c in checks})
         for u in updates:
             for owner in [only] if only else self.membership.owners(u.anchor):
                 batches.setdefault(owner, ([], []))[0].append(u)
@@ -210,6 +268,10 @@ class DirectoryMode:
             return
         query = make_query(req.hashes, req.n_tokens, d)
         assert query is not None
+        if self.dht_on and self._dht_resolve(node, [query.anchor]):
+            # The live entry waits for its DHT lookup (one round) before it asks.
+            self.at(self.now + 2 * self.latency.typical_ms / 1000.0, self._ask, req, node, query, 0, hash_ns)
+            return
         self._ask(req, node, query, 0, hash_ns)
 
     def _ask(self, req: Req, node: SimNode, query: Query, attempt: int, hash_ns: int) -> None:
@@ -283,3 +345,94 @@ class DirectoryMode:
         else:
             self.dir_blind += 1
             self._decide(req, entry, None, hash_ns)  # decide with what the entry knows
+
+    # -- KadDHT: the placement's own traffic ---------------------------------------------
+    def _dht_member(self, member: str, joined: bool) -> None:
+        if not self.dht_on:
+            return
+        key = int.from_bytes(kademlia_member_key(member), "big")
+        if joined and member not in self.dht_members:
+            insort(self.dht_keys, key)
+            self.dht_members[member] = key
+        elif not joined and member in self.dht_members:
+            del self.dht_keys[bisect_left(self.dht_keys, key)]
+            del self.dht_members[member]
+        else:
+            return
+        self.dht_version += 1
+
+    def _dht_table_complete(self, node: SimNode) -> bool:
+        cached = self._dht_complete.get(node.id)
+        if cached is None or cached[0] != self.dht_version:
+            complete = routing_table_complete(kbucket_sizes(self.dht_keys, exclude=self.dht_members.get(node.id)))
+            cached = self._dht_complete[node.id] = (self.dht_version, complete)
+        return cached[1]
+
+    def _dht_resolve(self, node: SimNode, anchors: Iterable[int]) -> int:
+        """The lookups ``DhtPlacement.resolve`` makes for these anchors (none while the
+        table is complete); returns how many. The initial swarm has been running: an
+        anchor it meets first is taken as looked up at a random time in the last TTL."""
+        sched = node.resolve
+        assert sched is not None
+        anchors = list(anchors)
+        if node.joined_at == 0.0:
+            for a in anchors:
+                if a not in sched:
+                    sched.mark(a, self.now - self.rng_dht.random() * sched.ttl_s)
+        due = sched.due(anchors, self.now, self._dht_table_complete(node))
+        for a in due:
+            target = int.from_bytes(hashlib.sha256(anchor_key(a)).digest(), "big")
+            self._dht_lookup(node, self._dht_nearest(a, target), len(anchor_key(a)), "resolve")
+        return len(due)
+
+    def _dht_nearest(self, cache_key: int | None, target: int, k: int = BUCKET_SIZE) -> list[str]:
+        """The ``k`` members closest to ``target`` (py-libp2p's XOR metric), cached per anchor."""
+        if cache_key is not None:
+            cached = self._dht_closest.get(cache_key)
+            if cached is not None and cached[0] == self.dht_version:
+                return cached[1]
+        nearest = [m for m, _ in heapq.nsmallest(k, self.dht_members.items(), key=lambda kv: kv[1] ^ target)]
+        if cache_key is not None:
+            self._dht_closest[cache_key] = (self.dht_version, nearest)
+        return nearest
+
+    def _dht_lookup(self, node: SimNode, nearest: list[str] | None, key_len: int, reason: str) -> None:
+        """One ``find_closest_peers_network``: FIND_NODE to the closest members
+        (``nearest``; ``None``: a random key, whose closest are any members)."""
+        members = len(self.dht_members)
+        queries = lookup_queries(members - (node.id in self.dht_members))
+        if not queries:
+            return
+        if nearest is None:
+            others = [m for m in self.dht_members if m != node.id]
+            asked = [self.by_id[m] for m in self.rng_dht.sample(others, min(queries, len(others)))]
+        else:
+            asked = [self.by_id[m] for m in nearest if m != node.id][:queries]
+        self.dht_lookups[reason] += 1
+        # Each answer: the responder's closest (its table: the members less itself), less the asker.
+        answer = find_node_response_bytes(max(0, min(BUCKET_SIZE, members - 2)))
+        request = find_node_request_bytes(key_len)
+        kind = "dht " + reason
+        for peer in asked:
+            self.dht_find_nodes += 1
+            if not peer.alive:
+                continue  # a departed member: the request is lost, no answer
+            peer.bytes_in += request
+            peer.bytes_by_kind[kind] += request
+            node.bytes_in += answer
+            node.bytes_by_kind[kind] += answer
+            self.dir_bytes[kind] += request + answer
+            self.dir_count[kind] += 1
+
+    def _dht_refresh_tick(self, node: SimNode) -> None:
+        """KadDHT's routing-table refresh: its own id, then a random key per non-empty bucket."""
+        if not node.alive:
+            return
+        key = self.dht_members.get(node.id)
+        if key is None:
+            return
+        sizes = kbucket_sizes(self.dht_keys, exclude=key)
+        self._dht_lookup(node, self._dht_nearest(None, key, BUCKET_SIZE + 1), PEER_ID_BYTES, "refresh")
+        for _ in range(refresh_lookups(sizes) - 1):
+            self._dht_lookup(node, None, 32, "refresh")
+        self.at(self.now + ROUTING_TABLE_REFRESH_S, self._dht_refresh_tick, node)

@@ -72,6 +72,9 @@ class FinishedRun(Protocol):
     dir_blind: int
     dir_answered: int
     dir_empty: int
+    dht_on: bool
+    dht_lookups: Counter[str]
+    dht_find_nodes: int
 
 
 def _r(x: float, nd: int = 3) -> float:
@@ -241,6 +244,14 @@ def _discovery(sim: FinishedRun, node_seconds: float, node_rates: list[float], b
             "answers_used": sim.dir_answered,
             "answers_empty": sim.dir_empty,
             "anchors_placed": sim.membership.placed(),
+            "dht": {
+                "lookups": dict(sorted(sim.dht_lookups.items())),
+                "find_node_requests": sim.dht_find_nodes,
+                "counted": "KadDHT routing-table refreshes and per-anchor lookups (p2pinfer/core/dht.py): one round of "
+                "FIND_NODE per lookup, every member in every table; connections a lookup opens are not counted",
+            }
+            if sim.dht_on
+            else None,
             "counted": "inbound bytes per node: direct libp2p streams (yamux + noise frames, multistream-select, "
             "FIN), no fan-out; topic gossip as for gossip discovery",
         }

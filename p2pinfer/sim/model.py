@@ -19,6 +19,7 @@ from typing import Any
 from ..core.attempts import RequestAttempts
 from ..core.blocks import ModelFingerprint
 from ..core.costmodel import EngineCostModel
+from ..core.dht import ResolveSchedule
 from ..core.directory import AnchorTracker, DirectoryConfig, DirectoryStore
 from ..core.engine_queue import EngineQueue, Ticket
 from ..core.peers import Load
@@ -271,6 +272,8 @@ class SimNode:
         self.bytes_by_kind: Counter[str] = Counter()
         self.anchors: AnchorTracker | None = None
         self.store: DirectoryStore | None = None
+        self.resolve: ResolveSchedule | None = None
+        """KadDHT placement: the anchors this node looked up in the DHT, and when."""
         self.sanctioned: dict[str, float] = {}
         """Peer id -> virtual time its sanction ends: until then what it says is dropped
         (the live node's :class:`~p2pinfer.net.sanctions.PeerSanctions`)."""

@@ -54,6 +54,9 @@ __all__ = [
     "DEFAULT_MESH_DEGREE",
     "LatencyModel",
     "digest_message_bytes",
+    "find_node_request_bytes",
+    "find_node_response_bytes",
+    "signed_peer_record_bytes",
     "stream_request_bytes",
     "stream_response_bytes",
     "gossip_copies",
@@ -210,3 +213,37 @@ def stream_response_bytes(payload: int | None) -> int:
     """Responder -> initiator: negotiation echo, the reply (if any), FIN."""
     body = 0 if payload is None else STREAM_FRAME_BYTES + _varint_len(payload) + payload
     return (STREAM_FRAME_BYTES + MULTISTREAM_BYTES) + body + STREAM_FRAME_BYTES
+
+
+# -- KadDHT (py-libp2p's, which the live directory's placement runs) --------------------------
+KAD_MULTISTREAM_BYTES = 37
+"""varint + ``/multistream/1.0.0\\n`` (20) and varint + ``/ipfs/kad/1.0.0\\n`` (17)."""
+PEER_ID_BYTES = 38
+"""An Ed25519 peer id: identity multihash of the 36-byte protobuf public key."""
+MULTIADDR_BYTES = 8
+"""``/ip4/A.B.C.D/tcp/PORT`` in binary: the one listen address a peer record carries."""
+
+
+def signed_peer_record_bytes(addrs: int = 1) -> int:
+    """py-libp2p's signed peer record (``libp2p.peer.envelope.Envelope`` around a
+    ``PeerRecord``), Ed25519 key: public key, payload type, payload (peer id, a
+    nanosecond sequence number, ``addrs`` addresses), 64-byte signature."""
+    record = _field_len(PEER_ID_BYTES) + 1 + 9 + addrs * _field_len(_field_len(MULTIADDR_BYTES))
+    return _field_len(36) + _field_len(2) + _field_len(record) + _field_len(64)
+
+
+def find_node_request_bytes(key_len: int) -> int:
+    """A KadDHT FIND_NODE request (``kad_dht.pb.Message``: type, key, the sender's
+    signed peer record) on the wire: a fresh stream (open + multistream-select
+    of ``/ipfs/kad/1.0.0``), the varint and the message as two frames, a FIN."""
+    msg = 2 + _field_len(key_len) + _field_len(signed_peer_record_bytes())
+    return (STREAM_FRAME_BYTES + KAD_MULTISTREAM_BYTES) + (STREAM_FRAME_BYTES + _varint_len(msg)) + (STREAM_FRAME_BYTES + msg) + STREAM_FRAME_BYTES
+
+
+def find_node_response_bytes(peers: int) -> int:
+    """A FIND_NODE answer naming ``peers`` closer peers (each: id, one address,
+    connection type, its signed peer record) plus the sender's record, on the
+    wire: multistream echo, varint and message frames, FIN."""
+    peer = _field_len(PEER_ID_BYTES) + _field_len(MULTIADDR_BYTES) + 2 + _field_len(signed_peer_record_bytes())
+    msg = 2 + peers * _field_len(peer) + _field_len(signed_peer_record_bytes())
+    return (STREAM_FRAME_BYTES + KAD_MULTISTREAM_BYTES) + (STREAM_FRAME_BYTES + _varint_len(msg)) + (STREAM_FRAME_BYTES + msg) + STREAM_FRAME_BYTES

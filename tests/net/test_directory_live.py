@@ -96,6 +96,8 @@ def test_registration_lookup_and_forward_to_the_holder(cluster):
     assert result["served_by"] == c.peer_id
     assert result["predicted_reused_tokens"] == 320
     assert result["reused_tokens"] == result["predicted_reused_tokens"]
+    # The decision time includes the lookup's round trip, and comes before the first token.
+    assert 0 < result["decision_s"] < result["ttft_s"]
     status = a.call("directory")
     assert status["lookups"] >= 1 and status["answers"] == status["lookups"] and status["blind"] == 0
 

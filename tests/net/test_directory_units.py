@@ -221,3 +221,52 @@ async def test_a_complete_routing_table_needs_no_lookups():
     assert routing.asked == []
     truth = KademliaPlacement([p.to_base58() for p in universe], replicas=2)
     assert all(placement.owners(a) == truth.owners(a) for a in (1, 2, 3))
+
+
+# -- the KadDHT rules the simulator shares (p2pinfer/core/dht.py) ---------------------------
+def test_the_dht_constants_are_py_libp2ps():
+    from libp2p.kad_dht import common, kad_dht
+
+    from p2pinfer.core import dht
+
+    assert (dht.BUCKET_SIZE, dht.ALPHA, dht.MAX_BUCKETS) == (common.BUCKET_SIZE, common.ALPHA, common.MAXIMUM_BUCKETS)
+    assert dht.ROUTING_TABLE_REFRESH_S == kad_dht.ROUTING_TABLE_REFRESH_INTERVAL
+
+
+class _NoHost:
+    def get_id(self) -> None:
+        return None
+
+
+async def test_kbucket_sizes_are_what_py_libp2ps_routing_table_ends_with():
+    """The simulator's nodes use kbucket_sizes for their tables: it must equal
+    py-libp2p's RoutingTable fed the same peers, in any order."""
+    from libp2p.kad_dht.routing_table import RoutingTable, peer_id_to_key
+    from libp2p.peer.peerinfo import PeerInfo
+    import multiaddr
+
+    from p2pinfer.core.dht import kbucket_sizes, routing_table_complete
+
+    me = ID.from_base58(peer_ids(1)[0])
+    addr = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/4001")
+    for n, seed in ((15, 1), (70, 2), (130, 3)):
+        others = [ID.from_base58(p) for p in peer_ids(n)]
+        random.Random(seed).shuffle(others)
+        table = RoutingTable(me, _NoHost())  # type: ignore[arg-type]
+        for peer in others:
+            assert await table.add_peer(PeerInfo(peer, [addr]), skip_server_mode_check=True)
+        real = [b.size() for b in table.buckets]
+        keys = sorted(int.from_bytes(peer_id_to_key(p), "big") for p in [me, *others])
+        assert kbucket_sizes(keys, exclude=int.from_bytes(peer_id_to_key(me), "big")) == real
+        assert routing_table_complete(real) == all(s < 20 for s in real)
+        assert sum(real) == n  # py-libp2p's table keeps every peer it hears of
+
+
+def test_a_resolve_is_due_at_first_use_then_after_the_ttl_and_never_while_complete():
+    from p2pinfer.core.dht import ResolveSchedule
+
+    s = ResolveSchedule(300.0)
+    assert s.due([1, 2, 2], 10.0, complete=True) == []
+    assert s.due([1, 2, 2], 10.0, complete=False) == [1, 2]
+    assert s.due([1, 2, 3], 309.0, complete=False) == [3]
+    assert s.due([1, 2, 3], 310.0, complete=False) == [1, 2]

@@ -132,3 +132,28 @@ def test_directory_is_validated() -> None:
     with pytest.raises(ValueError, match="instant"):
         SimConfig(discovery="directory", instant_gossip=True).validate()
     SimConfig(nodes=4096, discovery="directory").validate()  # no node indexes the whole swarm
+
+
+def test_kademlia_placement_counts_the_dhts_own_traffic() -> None:
+    """With the live node's placement the simulator counts KadDHT's own FIND_NODE
+    traffic (p2pinfer/core/dht.py): routing-table refreshes, and per-anchor
+    lookups at nodes whose table is incomplete; rendezvous placement has none."""
+    from p2pinfer.core.dht import kbucket_sizes, routing_table_complete
+
+    built = build_requests(WorkloadSpec(requests=600), 48, 3)
+    kad = replace(DIR, nodes=48, directory=DirectoryConfig(placement="kademlia"), churn_interval_s=4.0)
+    sim, result = run(kad, built)
+    keys = sorted(sim.dht_members.values())
+    incomplete = [m for m, k in sim.dht_members.items() if not routing_table_complete(kbucket_sizes(keys, exclude=k))]
+    assert incomplete, "this swarm must have nodes with a full bucket"
+    d = result["discovery"]
+    dht = d["directory"]["dht"]
+    assert dht["lookups"]["refresh"] >= result["churn"]["joins"] > 0  # a joining node refreshes its table
+    assert dht["lookups"]["resolve"] > 0
+    assert dht["find_node_requests"] <= 10 * sum(dht["lookups"].values())  # one round of ALPHA per lookup
+    by_kind = d["in_bytes_per_node_per_s_by_kind"]
+    assert by_kind["directory dht refresh"] > 0 and by_kind["directory dht resolve"] > 0
+    assert abs(sum(by_kind.values()) - result["gossip_bytes_per_node_per_s"]) < 1.0
+    _, rdv = run(replace(kad, directory=DirectoryConfig(placement="rendezvous")), built)
+    assert rdv["discovery"]["directory"]["dht"] is None
+    assert not any("dht" in k for k in rdv["discovery"]["in_bytes_per_node_per_s_by_kind"])

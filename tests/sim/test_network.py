@@ -73,3 +73,43 @@ def test_gossip_envelope_matches_a_real_signed_pubsub_rpc() -> None:
         framed = len(encode_varint_prefixed(rpc_pb2.RPC(publish=[msg]).SerializeToString())) + 12 + 18  # yamux, Noise
         assert framed - payload_len == gossip_envelope_bytes(payload=payload_len)
     assert DEFAULT_ENVELOPE_BYTES == gossip_envelope_bytes(payload=200)
+
+
+def test_find_node_sizes_are_py_libp2ps_encoding() -> None:
+    """The simulator's KadDHT byte counts: a real FIND_NODE request and answer
+    (py-libp2p's protobuf, signed peer records of real Ed25519 peers)."""
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.kad_dht.pb.kademlia_pb2 import Message
+    from libp2p.peer.envelope import seal_record
+    from libp2p.peer.id import ID
+    from libp2p.peer.peer_record import PeerRecord
+    import multiaddr
+
+    from p2pinfer.core.directory import anchor_key
+    from p2pinfer.sim.network import (
+        KAD_MULTISTREAM_BYTES,
+        STREAM_FRAME_BYTES,
+        find_node_request_bytes,
+        find_node_response_bytes,
+        signed_peer_record_bytes,
+    )
+
+    def record() -> tuple[ID, bytes]:
+        pair = create_new_key_pair()
+        peer = ID.from_pubkey(pair.public_key)
+        addr = multiaddr.Multiaddr("/ip4/10.1.2.3/tcp/40123")
+        return peer, seal_record(PeerRecord(peer, [addr]), pair.private_key).marshal_envelope()
+
+    me, mine = record()
+    assert len(mine) == signed_peer_record_bytes()
+    wire = 4 * STREAM_FRAME_BYTES + KAD_MULTISTREAM_BYTES + 2  # open + negotiate, varint frame, message frame, FIN
+    request = Message(type=Message.MessageType.FIND_NODE, key=anchor_key(7), senderRecord=mine).SerializeToString()
+    assert find_node_request_bytes(len(anchor_key(7))) == len(request) + wire
+    for n in (1, 7, 20):
+        answer = Message(type=Message.MessageType.FIND_NODE, senderRecord=mine)
+        for _ in range(n):
+            peer, env = record()
+            p = answer.closerPeers.add()
+            p.id, p.connection, p.signedRecord = peer.to_bytes(), Message.ConnectionType.CONNECTED, env
+            p.addrs.append(multiaddr.Multiaddr("/ip4/10.1.2.4/tcp/40124").to_bytes())
+        assert find_node_response_bytes(n) == len(answer.SerializeToString()) + wire
