@@ -45,8 +45,16 @@ def _print_human(report: dict[str, Any]) -> None:
             table.add_row("", f"[yellow]only prompts of at most {cache['window_tokens']} tokens[/] (sliding-window KV cache)")
     lp = report["libp2p"]
     table.add_row("libp2p", f"py-libp2p {lp['version']}: {'+'.join(lp['transports'])}, {'+'.join(lp['security'])}, {'+'.join(lp['muxers'])}")
+    relay, nat_check = lp["relay"], {"auto": "peers dial us back", "public": "public (no checks)", "private": "private (no checks)"}
+    client = (f"reserves on {relay['reservations']} relay(s) while not publicly reachable"
+              + (f", {len(relay['static_relays'])} configured" if relay["static_relays"] else "")) if relay["client"] else "off"
+    service = {"auto": "offered while publicly reachable", "on": "always offered", "off": "off"}[relay["service"]]
+    table.add_row("NAT", f"reachability {nat_check.get(lp['reachability'], lp['reachability'])}; relay client {client}; "
+                  f"relay service {service}; DCUtR hole punching {'on' if lp['hole_punching']['dcutr'] else 'off'}")
     disc = lp["discovery"]
-    table.add_row("discovery", f"{disc['bootstrap']} bootstrap address(es), mDNS {'on' if disc['mdns'] else 'off'}, peer exchange through gossip")
+    mode = {"gossip": "gossip (digests on the model's topic)", "directory": "directory (prefix directory over KadDHT, no digests)",
+            "auto": f"auto (digests below {disc['auto_directory_nodes']} peers, the directory from then on)"}.get(disc["mode"], disc["mode"])
+    table.add_row("discovery", f"{mode}; {disc['bootstrap']} bootstrap address(es), mDNS {'on' if disc['mdns'] else 'off'}, peer exchange in digest pulls")
     for check in report["engine_checks"]:
         if check["ok"]:
             rep = check.get("report", {})
