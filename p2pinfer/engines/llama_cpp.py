@@ -571,7 +571,8 @@ class LlamaCppEngine(Engine):
         try:
             self._loop.submit(req.job)
         except RuntimeError:  # the loop died (or is closing) since the request came in
-            self._on_events(req, [Failed(self._loop.failure or "the engine is closed")])
+            # Its reader raises at once and cleans up (generate's finally), outside this admission loop.
+            req.send.send_nowait(Failed(self._loop.failure or "the engine is closed"))
 
     def _check_alive(self) -> None:
         """A slot loop that died (an exception in the thread that steps the context) fails every request."""

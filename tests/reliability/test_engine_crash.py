@@ -84,8 +84,9 @@ class _WorkerCrash(Exception):
 
 async def test_a_slot_loop_crash_is_an_explicit_error_and_the_node_keeps_answering(nursery) -> None:
     """The thread that steps llama.cpp dies mid-request (the failure is injected at the runtime
-    boundary, ``LlamaRuntime.decode``): the client gets an engine error, not a hang or a
-    truncated answer; later requests get the same explicit error at once; the node keeps serving HTTP."""
+    boundary, ``LlamaRuntime.decode``) while a second request waits for the one slot: both clients
+    get an engine error, not a hang or a truncated answer; later requests get the same explicit
+    error at once; the node keeps serving HTTP."""
     import httpx
     import trio
 
@@ -93,11 +94,12 @@ async def test_a_slot_loop_crash_is_an_explicit_error_and_the_node_keeps_answeri
     from p2pinfer.node import Node, NodeConfig
 
     config = NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), engine="llama-cpp",
-                        engine_options={"threads": 1, "context_size": 1024, "slots": 2})
+                        engine_options={"threads": 1, "context_size": 1024, "slots": 1})
     async with Node(config) as node:
         host, port = await nursery.start(lambda task_status: serve_http(node, "127.0.0.1", 0, limits=ApiLimits(),
                                                                          task_status=task_status))
-        runtime = node.engine._rt  # noqa: SLF001 - the boundary the failure is injected at
+        engine = node.engine
+        runtime = engine._rt  # noqa: SLF001 - the boundary the failure is injected at
         real_decode = runtime.decode
         steps = 0
 
@@ -105,19 +107,32 @@ async def test_a_slot_loop_crash_is_an_explicit_error_and_the_node_keeps_answeri
             nonlocal steps
             steps += 1
             if steps == 3:
+                deadline = time.monotonic() + 30
+                while not engine._waiting and time.monotonic() < deadline:  # noqa: SLF001 - the second request queued
+                    time.sleep(0.01)
                 raise _WorkerCrash("injected: the worker crashed")
             return real_decode(batch)
 
         runtime.decode = crashing_decode
         body = {"model": "default", "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0}
+        answers: dict[str, httpx.Response] = {}
         async with httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=60) as http:
-            with trio.fail_after(60):  # without the error path the request would wait forever
-                whole = await http.post("/v1/completions", json=body)
-            assert whole.status_code == 500, whole.text
-            error = whole.json()["error"]
-            assert error["code"] == "engine_error"
-            assert "the engine failed" in error["message"] and "injected: the worker crashed" in error["message"]
+
+            async def ask(name: str, prompt: str) -> None:
+                answers[name] = await http.post("/v1/completions", json={**body, "prompt": prompt})
+
+            with trio.fail_after(60):  # without the error path the requests would wait forever
+                async with trio.open_nursery() as both:
+                    both.start_soon(ask, "running", "Once upon a time")
+                    while steps < 1:
+                        await trio.sleep(0.01)
+                    both.start_soon(ask, "waiting", "The capital of France is")
             assert steps == 3
+            for name in ("running", "waiting"):
+                assert answers[name].status_code == 500, (name, answers[name].text)
+                error = answers[name].json()["error"]
+                assert error["code"] == "engine_error", (name, error)
+                assert "the engine failed" in error["message"] and "injected: the worker crashed" in error["message"]
 
             # Streaming, after the crash: refused at once with the same explicit error.
             with trio.fail_after(30):
