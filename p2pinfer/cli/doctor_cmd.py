@@ -88,13 +88,18 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         `p2pinfer node`, so it checks what the node would run. Exits 1 when a
         configuration you would run fails.
         """
+        from dataclasses import replace
+
         from ..doctor import collect_report
+        from .node_cmd import node_config_from_settings
         from .settings import SettingsError, resolve_settings
 
         flags = {"model": model, "cpu_repack": cpu_repack, "gpu_layers": gpu_layers, "threads": threads,
                  "context_size": context_size, "cache_tokens": cache_tokens, "engine": "llama-cpp"}
         try:
             settings, _ = resolve_settings(flags, config_path=config)
+            # The node's own checks of its settings (without creating its key file's directory).
+            node_config_from_settings(replace(settings, key_file=None))
         except SettingsError as exc:
             typer.secho(f"error: {exc}", err=True, fg="red")
             raise typer.Exit(2) from None

@@ -77,3 +77,11 @@ def test_doctor_reports_the_network_stack_the_settings_make(tmp_path) -> None:
     disc = report["libp2p"]["discovery"]
     assert rc == 0 and disc["mode"] == "directory" and disc["digest_gossip"] is False and disc["mdns"] is False
     assert report["libp2p"]["relay"]["client"] is True and report["libp2p"]["hole_punching"] == {"dcutr": True}
+
+
+def test_doctor_refuses_settings_the_node_would_refuse() -> None:
+    env = dict(os.environ, P2PINFER_RELAY_SERVICE="sometimes")
+    proc = subprocess.run([sys.executable, "-m", "p2pinfer", "doctor", "--json", "--no-engine-check"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "relay_service must be auto, on or off" in proc.stderr
