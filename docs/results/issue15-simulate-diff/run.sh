@@ -1,5 +1,5 @@
 #!/bin/bash
-# usage: run.sh SRC_ROOT OUT_DIR
+# usage: run.sh SRC_ROOT OUT_DIR   (before/: accd742, after/: 86f73e3, step-<commit>/: that commit)
 # Eleven fixed-seed `p2pinfer simulate --json` runs of the checkout SRC_ROOT, each
 # written to OUT_DIR/<name>.json with its command and commit (wrap.py).
 set -e
