@@ -4,8 +4,9 @@ One report for a user or a bug report: Python and package versions, the
 CPU and its features, llama.cpp's build (``llama_print_system_info``:
 AVX/AVX2/AVX-512/AMX, BLAS, CUDA/Metal/Vulkan) and devices, where the
 model's layers would go, the default model file and its fingerprint, the
-cache budget in tokens and bytes, and the libp2p side (version, transports,
-discovery). Then it *tries* the engine: a short greedy generation in a
+cache budget in tokens and bytes, and the libp2p side as the node's settings
+make it (version, transports, relay client and service, DCUtR hole
+punching, the discovery mode, mDNS). Then it *tries* the engine: a short greedy generation in a
 child process per candidate configuration
 (:mod:`p2pinfer.engines.engine_check`), so that a configuration that crashes
 on this machine is reported as such instead of taking the terminal down.
@@ -28,7 +29,7 @@ from typing import Any
 from ._version import __version__
 from .engines.engine_check import EngineCheck, EngineCheckResult, check_engine
 
-__all__ = ["CPU_FEATURES", "collect_report", "cpu_info", "engine_checks_for", "llama_cpp_info"]
+__all__ = ["CPU_FEATURES", "collect_report", "cpu_info", "engine_checks_for", "libp2p_info", "llama_cpp_info", "transports_for"]
 
 CPU_FEATURES = (
     "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
@@ -161,15 +162,60 @@ def _model_info(model: str | None) -> dict[str, Any]:
     }
 
 
-def _libp2p_info(settings: Any) -> dict[str, Any]:
+def transports_for(listen: Any) -> list[str]:
+    """The libp2p transports a node with these listen addresses runs.
+
+    py-libp2p's ``new_host`` builds one transport per kind of listen address
+    (``_build_transports_for_swarm``: ``/tcp`` -> TCP, ``/ws``/``/wss`` ->
+    WebSocket, ``/quic-v1`` -> QUIC, ...); the same rule here, without building
+    them. Every node also runs circuit relay v2's transport (``p2p-circuit``):
+    it accepts relayed connections and dials through relays (:mod:`p2pinfer.node.nat`).
+    """
+    kinds: list[str] = []
+    for addr in listen:
+        parts = [p.split("-")[0] if p.startswith("quic") else p for p in str(addr).split("/")]
+        if "webtransport" in parts:
+            kind = "webtransport"
+        elif "quic" in parts:
+            kind = "quic"
+        elif "ws" in parts or "wss" in parts:
+            kind = "websocket"
+        elif "webrtc-direct" in parts:
+            kind = "webrtc-direct"
+        elif "tcp" in parts:
+            kind = "tcp"
+        else:
+            kind = f"unknown ({addr})"
+        if kind not in kinds:
+            kinds.append(kind)
+    return kinds + ["p2p-circuit"]
+
+
+def libp2p_info(settings: Any) -> dict[str, Any]:
+    """The network stack the node would run with ``settings``: transports, relay, hole punching, discovery."""
+    auto = settings.discovery == "auto"
     return {
         "version": _version_of("libp2p"),
-        "transports": ["tcp"],
+        "transports": transports_for(settings.listen),
         "security": ["noise"],
         "muxers": ["yamux"],
         "listen": list(settings.listen),
         "announce": list(settings.announce),
+        "reachability": settings.reachability,
+        "relay": {
+            # The client side: reservations only while reachability says we are not public.
+            "client": settings.relay_reservations > 0,
+            "reservations": settings.relay_reservations,
+            "static_relays": list(settings.relays),
+            # The hop side: auto = while publicly reachable.
+            "service": settings.relay_service,
+        },
+        "hole_punching": {"dcutr": bool(settings.hole_punching)},
         "discovery": {
+            "mode": settings.discovery,
+            "digest_gossip": settings.discovery in ("gossip", "auto"),
+            "prefix_directory": settings.discovery in ("directory", "auto"),  # over py-libp2p's KadDHT
+            "auto_directory_nodes": settings.auto_directory_nodes if auto else None,
             "bootstrap": len(settings.bootstrap),
             "mdns": bool(settings.mdns),
             "gossip_peer_exchange": True,
@@ -276,7 +322,7 @@ def collect_report(settings: Any, *, run_checks: bool = True, check_timeout_s: f
         "llama_cpp": {**llama, "layers": _layer_plan(llama, default, settings.gpu_layers)},
         "model": model,
         "cache": cache,
-        "libp2p": _libp2p_info(settings),
+        "libp2p": libp2p_info(settings),
         "engine_checks": [c.as_dict() for c in checks],
         "hints": hints,
     }

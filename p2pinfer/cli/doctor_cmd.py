@@ -45,8 +45,16 @@ def _print_human(report: dict[str, Any]) -> None:
             table.add_row("", f"[yellow]only prompts of at most {cache['window_tokens']} tokens[/] (sliding-window KV cache)")
     lp = report["libp2p"]
     table.add_row("libp2p", f"py-libp2p {lp['version']}: {'+'.join(lp['transports'])}, {'+'.join(lp['security'])}, {'+'.join(lp['muxers'])}")
+    relay, nat_check = lp["relay"], {"auto": "peers dial us back", "public": "public (no checks)", "private": "private (no checks)"}
+    client = (f"reserves on {relay['reservations']} relay(s) while not publicly reachable"
+              + (f", {len(relay['static_relays'])} configured" if relay["static_relays"] else "")) if relay["client"] else "off"
+    service = {"auto": "offered while publicly reachable", "on": "always offered", "off": "off"}[relay["service"]]
+    table.add_row("NAT", f"reachability {nat_check.get(lp['reachability'], lp['reachability'])}; relay client {client}; "
+                  f"relay service {service}; DCUtR hole punching {'on' if lp['hole_punching']['dcutr'] else 'off'}")
     disc = lp["discovery"]
-    table.add_row("discovery", f"{disc['bootstrap']} bootstrap address(es), mDNS {'on' if disc['mdns'] else 'off'}, peer exchange through gossip")
+    mode = {"gossip": "gossip (digests on the model's topic)", "directory": "directory (prefix directory over KadDHT, no digests)",
+            "auto": f"auto (digests below {disc['auto_directory_nodes']} peers, the directory from then on)"}.get(disc["mode"], disc["mode"])
+    table.add_row("discovery", f"{mode}; {disc['bootstrap']} bootstrap address(es), mDNS {'on' if disc['mdns'] else 'off'}, peer exchange in digest pulls")
     for check in report["engine_checks"]:
         if check["ok"]:
             rep = check.get("report", {})
@@ -80,13 +88,18 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         `p2pinfer node`, so it checks what the node would run. Exits 1 when a
         configuration you would run fails.
         """
+        from dataclasses import replace
+
         from ..doctor import collect_report
+        from .node_cmd import node_config_from_settings
         from .settings import SettingsError, resolve_settings
 
         flags = {"model": model, "cpu_repack": cpu_repack, "gpu_layers": gpu_layers, "threads": threads,
                  "context_size": context_size, "cache_tokens": cache_tokens, "engine": "llama-cpp"}
         try:
             settings, _ = resolve_settings(flags, config_path=config)
+            # The node's own checks of its settings (without creating its key file's directory).
+            node_config_from_settings(replace(settings, key_file=None))
         except SettingsError as exc:
             typer.secho(f"error: {exc}", err=True, fg="red")
             raise typer.Exit(2) from None

@@ -31,10 +31,13 @@ def register_lab(lab: typer.Typer) -> None:
         from ..lab.dashboard_shot import take_dashboard_screenshot
         from ..lab.live_experiment import default_cache_budget
         from ..lab.local_swarm import SwarmError
-        from ..lab.provenance import with_provenance
+        from ..lab.provenance import provenance
 
         if cache_tokens is None and engine == "llama-cpp":
             cache_tokens = default_cache_budget(subjects, nodes)
+        # Stamped before the run: the PNG and JSON it writes are tracked files, and once
+        # written they would make every stamp of a clean checkout "-dirty".
+        stamp = provenance()
         try:
             result = take_dashboard_screenshot(out, nodes=nodes, requests=requests, subjects=subjects,
                                                concurrency=concurrency, engine=engine, cache_tokens=cache_tokens,
@@ -42,7 +45,7 @@ def register_lab(lab: typer.Typer) -> None:
         except (BrowserUnavailable, SwarmError, TimeoutError) as exc:
             typer.secho(f"error: {exc}", err=True, fg="red")
             raise typer.Exit(1) from None
-        result = with_provenance({"cache_tokens_per_node": cache_tokens, **result})
+        result = {"cache_tokens_per_node": cache_tokens, **result, "provenance": stamp}
         out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
         typer.echo(json.dumps(result) if as_json else f"screenshot written to {out} ({result['completed']} requests "
                    f"completed, hit rate {100 * result['hit_rate']:.1f} %)")

@@ -450,6 +450,7 @@ class LlamaCppEngine(Engine):
     ) -> AsyncIterator[TokenChunk | GenerationRecord]:
         if self._closed:
             raise EngineError("the engine is closed")
+        self._check_alive()
         self.validate_tokens(tokens, params)
         if params.grammar:
             self._check_grammar(params.grammar)
@@ -567,7 +568,16 @@ class LlamaCppEngine(Engine):
         req.in_prefill = True
         req.admitted_at = time.perf_counter()
         self._running.append(req)
-        self._loop.submit(req.job)
+        try:
+            self._loop.submit(req.job)
+        except RuntimeError:  # the loop died (or is closing) since the request came in
+            # Its reader raises at once and cleans up (generate's finally), outside this admission loop.
+            req.send.send_nowait(Failed(self._loop.failure or "the engine is closed"))
+
+    def _check_alive(self) -> None:
+        """A slot loop that died (an exception in the thread that steps the context) fails every request."""
+        if (why := self._loop.failure) is not None:
+            raise EngineError(f"{why}; this node cannot generate until it is restarted")
 
     def _resave_stale(self) -> None:
         """Cut spans an eviction shortened down to what the tree still holds."""
@@ -686,6 +696,7 @@ class LlamaCppEngine(Engine):
 
         if self._closed:
             raise EngineError("the engine is closed")
+        self._check_alive()
         self.validate_score(tokens, start, temperature)
         tokens = list(tokens)
         cancel = threading.Event()

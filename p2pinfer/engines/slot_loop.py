@@ -164,6 +164,11 @@ class SlotLoop:
     def n_slots(self) -> int:
         return len(self._slots)
 
+    @property
+    def failure(self) -> str | None:
+        """Why every job fails from now on, once the loop itself has died (None while it runs)."""
+        return None if self.error is None else f"the engine failed: {self.error!r}"
+
     def start(self) -> None:
         self._thread.start()
 
@@ -203,7 +208,7 @@ class SlotLoop:
                 self._closing = True
                 pending = list(self._inbox)
                 self._inbox.clear()
-            why = "the engine is closed" if self.error is None else f"the engine failed: {self.error!r}"
+            why = self.failure or "the engine is closed"
             for job in [j for j in self._slots if j is not None] + pending:
                 if isinstance(job, SlotCall):
                     try:

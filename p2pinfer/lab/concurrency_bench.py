@@ -39,6 +39,8 @@ import threading
 import time
 from typing import Any
 
+from ..stats import percentile, rounded
+
 __all__ = ["ServerUnderTest", "build_prompts", "run_concurrency_bench"]
 
 SYSTEM = "You are a patient teacher. Answer every question in full sentences and explain your reasoning."
@@ -317,19 +319,9 @@ def run_level(server: ServerUnderTest, prompts: Sequence[ChatPrompt], concurrenc
         "tokens": sum(r.tokens for r in ok),
         "wall_s": round(wall, 3),
         "tokens_per_s": round(sum(r.tokens for r in ok) / wall, 3) if wall > 0 else 0.0,
-        "ttft_ms_p50": round(_percentile(ttft, 50), 1) if ttft else None,
-        "ttft_ms_p99": round(_percentile(ttft, 99), 1) if ttft else None,
+        "ttft_ms_p50": rounded(percentile(ttft, 50, method="linear"), 1),  # numpy's default, as published
+        "ttft_ms_p99": rounded(percentile(ttft, 99, method="linear"), 1),
     }
-
-
-def _percentile(sorted_xs: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if len(sorted_xs) == 1:
-        return float(sorted_xs[0])
-    k = (len(sorted_xs) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(sorted_xs) - 1)
-    return float(sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (k - lo))
 
 
 def _summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:

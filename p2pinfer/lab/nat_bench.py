@@ -25,12 +25,12 @@ from concurrent.futures import ThreadPoolExecutor
 import os
 from pathlib import Path
 import random
-import statistics
 import sys
 import tempfile
 import time
 from typing import Any
 
+from ..stats import percentile, rounded
 from .nat_testbed import NatHost, NatTestbed
 
 __all__ = ["NatSwarm", "run_nat_bench"]
@@ -45,13 +45,9 @@ other's hole punches fail for a reason that says nothing about NATs. Home
 users' nodes do not share a port either (each picks one, or a random one)."""
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return round(ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo), 3)
+def _p(values: list[float], q: float) -> float | None:
+    """The published figure: linear-interpolated ``q``-th percentile in ms, 3 decimals, None for none."""
+    return rounded(percentile(values, q, method="linear"), 3)
 
 
 LAB_GOSSIP = {"delta_interval_s": 0.5, "full_interval_s": 10.0, "load_interval_s": 2.0, "keepalive_interval_s": 5.0, "peer_ttl_s": 15.0}
@@ -356,10 +352,10 @@ def _report(bed: NatTestbed, swarm: NatSwarm, holder: str, records: list[dict[st
         pair["paths"][r["path"]] = pair["paths"].get(r["path"], 0) + 1
         pair["overhead_ms"].append(overhead)
     for pair in pairs.values():
-        pair["overhead_ms_p50"] = _pct(pair.pop("overhead_ms"), 0.5)
+        pair["overhead_ms_p50"] = _p(pair.pop("overhead_ms"), 50)
     direct = by_path.get("direct", [])
-    added_p50 = {p: None if not direct else round(_pct(v, 0.5) - _pct(direct, 0.5), 3) for p, v in by_path.items() if p != "direct"}
-    added_p90 = {p: None if not direct else round(_pct(v, 0.9) - _pct(direct, 0.9), 3) for p, v in by_path.items() if p != "direct"}
+    added_p50 = {p: None if not direct else round(_p(v, 50) - _p(direct, 50), 3) for p, v in by_path.items() if p != "direct"}
+    added_p90 = {p: None if not direct else round(_p(v, 90) - _p(direct, 90), 3) for p, v in by_path.items() if p != "direct"}
     relayed_requests = sum(1 for r in ok if r.get("path") == "relayed")
     # Paths between every pair of nodes, as each node names them.
     paths = {f"{a}->{swarm.names.get(p, p[:12])}": path for a, f in final.items() for p, path in f["paths"].items()}
@@ -400,8 +396,8 @@ def _report(bed: NatTestbed, swarm: NatSwarm, holder: str, records: list[dict[st
         "paths": paths,
         "request_paths": {p: len(v) for p, v in by_path.items()},
         "pairs": pairs,
-        "overhead_ms_p50": {p: _pct(v, 0.5) for p, v in by_path.items()},
-        "overhead_ms_p90": {p: _pct(v, 0.9) for p, v in by_path.items()},
+        "overhead_ms_p50": {p: _p(v, 50) for p, v in by_path.items()},
+        "overhead_ms_p90": {p: _p(v, 90) for p, v in by_path.items()},
         "added_ms_p50": added_p50,
         "added_ms_p90": added_p90,
         "rtt_ms": rtt,

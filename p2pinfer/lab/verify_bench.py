@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from ..stats import percentile
+from ..stats import summary
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "t2-b128": {"threads": 2, "batch_size": 128, "flash_attn": False},
@@ -32,19 +32,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 SERVERS = ("t2-b128", "t1-b64-flash")
 VERIFIERS = ("t1-b128", "t2-b512-flash")
-
-
-def _quantiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    return {
-        "n": len(values),
-        "min": round(min(values), 4),
-        "p10": round(percentile(values, 10), 4),
-        "median": round(percentile(values, 50), 4),
-        "p90": round(percentile(values, 90), 4),
-        "max": round(max(values), 4),
-    }
 
 
 async def _answer(engine: Any, tokens: list[int], params: Any) -> list[int]:
@@ -126,16 +113,16 @@ async def _measure(prompts: int, max_tokens: int, seed: int, temperature: float)
         "verifiers": list(VERIFIERS),
         "greedy_answers_that_differ_between_servers": flips,
         "greedy_tolerance_nats": tol,
-        "honest_max_gap_nats": _quantiles(honest_gaps),
-        "honest_max_gap_by_pair": {k: _quantiles(v) for k, v in honest_gap_by_pair.items()},
+        "honest_max_gap_nats": summary(honest_gaps),
+        "honest_max_gap_by_pair": {k: summary(v) for k, v in honest_gap_by_pair.items()},
         "honest_greedy_rejected": sum(1 for g in honest_gaps if g > tol),
-        "wrong_max_gap_nats": {k: _quantiles(v["gap"]) for k, v in wrong.items()},
+        "wrong_max_gap_nats": {k: summary(v["gap"]) for k, v in wrong.items()},
         "wrong_greedy_caught": {k: sum(1 for g in v["gap"] if g > tol) for k, v in wrong.items()},
         "wrong_answers": {k: len(v["gap"]) for k, v in wrong.items()},
         "sampling_z_threshold": -config.sampling_z,
-        "honest_sampled_z": _quantiles(honest_z),
+        "honest_sampled_z": summary(honest_z),
         "honest_sampled_rejected": sum(1 for z in honest_z if z < -config.sampling_z),
-        "wrong_z_if_sampled": {k: _quantiles(v["z"]) for k, v in wrong.items()},
+        "wrong_z_if_sampled": {k: summary(v["z"]) for k, v in wrong.items()},
         "wrong_caught_if_sampled": {k: sum(1 for z in v["z"] if z < -config.sampling_z) for k, v in wrong.items()},
         "wall_s": round(time.perf_counter() - t0, 1),
     }

@@ -31,7 +31,9 @@ def test_doctor_json_has_the_fields_a_bug_report_needs() -> None:
     model = report["model"]
     assert model["default"] and len(model["file_identity"]) == 32 and model["fingerprint"]
     assert report["cache"]["capacity_tokens"] > 0 and report["cache"]["kv_bytes_per_token"] > 0
-    assert report["libp2p"]["version"] and report["libp2p"]["transports"] == ["tcp"]
+    libp2p = report["libp2p"]
+    assert libp2p["version"] and libp2p["transports"] == ["tcp", "p2p-circuit"]
+    assert libp2p["discovery"]["mode"] == "gossip" and libp2p["hole_punching"] == {"dcutr": True}
     (check,) = report["engine_checks"]
     assert check["config"] == "default" and check["ok"] is True and check["signal"] is None
     assert check["report"]["generated_tokens"] > 0
@@ -48,3 +50,38 @@ def test_doctor_reports_a_crashing_configuration_without_dying() -> None:
     assert crashed["ok"] is False and crashed["signal"] == "SIGSEGV" and crashed["exit_code"] == -11
     assert "crashes on this machine" in crashed["error"]
     assert any("without --cpu-repack" in h for h in report["hints"])
+
+
+def test_doctor_reports_the_network_stack_the_settings_make(tmp_path) -> None:
+    """Transports, relay, hole punching, discovery and mDNS follow the config file and the environment."""
+    config = tmp_path / "node.toml"
+    config.write_text(
+        'listen = ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/tcp/4002/ws", "/ip4/0.0.0.0/udp/4003/quic-v1"]\n'
+        'discovery = "auto"\nauto_directory_nodes = 8\nmdns = true\nrelay_service = "on"\n'
+        'relay_reservations = 0\nreachability = "public"\n'
+    )
+    env = dict(os.environ, P2PINFER_HOLE_PUNCHING="false")
+    rc, report = _doctor("--no-engine-check", "--config", str(config), env=env)
+    assert rc == 0, report["hints"]
+    lp = report["libp2p"]
+    assert lp["transports"] == ["tcp", "websocket", "quic", "p2p-circuit"]
+    assert lp["reachability"] == "public"
+    assert lp["relay"] == {"client": False, "reservations": 0, "static_relays": [], "service": "on"}
+    assert lp["hole_punching"] == {"dcutr": False}
+    disc = lp["discovery"]
+    assert disc["mode"] == "auto" and disc["auto_directory_nodes"] == 8 and disc["mdns"] is True
+    assert disc["digest_gossip"] is True and disc["prefix_directory"] is True
+
+    config.write_text('discovery = "directory"\n')
+    rc, report = _doctor("--no-engine-check", "--config", str(config))
+    disc = report["libp2p"]["discovery"]
+    assert rc == 0 and disc["mode"] == "directory" and disc["digest_gossip"] is False and disc["mdns"] is False
+    assert report["libp2p"]["relay"]["client"] is True and report["libp2p"]["hole_punching"] == {"dcutr": True}
+
+
+def test_doctor_refuses_settings_the_node_would_refuse() -> None:
+    env = dict(os.environ, P2PINFER_RELAY_SERVICE="sometimes")
+    proc = subprocess.run([sys.executable, "-m", "p2pinfer", "doctor", "--json", "--no-engine-check"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "relay_service must be auto, on or off" in proc.stderr

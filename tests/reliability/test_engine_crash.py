@@ -7,6 +7,8 @@ lines of its log and the doctor hint; and a configuration that crashes in
 the preflight check is refused with advice before the node loads it.
 The crash is a real SIGSEGV sent to the process (or raised by the engine
 check's test hook), since this machine's CPU does not crash by itself.
+When only the engine's worker thread (the slot loop) dies, the process lives
+on: the request in flight and every later one get an explicit engine error.
 """
 
 from __future__ import annotations
@@ -74,3 +76,72 @@ def test_a_configuration_that_crashes_the_engine_check_is_refused_with_advice(tm
     # Without the engine check the same settings start (this CPU does not really crash).
     with LocalSwarm(1, engine="llama-cpp", node_args=["--cpu-repack", "--no-engine-check"], env=env) as swarm:
         swarm.check_alive()
+
+
+class _WorkerCrash(Exception):
+    """What the test makes llama.cpp's decode raise: not a DecodeError, so the slot loop itself dies."""
+
+
+async def test_a_slot_loop_crash_is_an_explicit_error_and_the_node_keeps_answering(nursery) -> None:
+    """The thread that steps llama.cpp dies mid-request (the failure is injected at the runtime
+    boundary, ``LlamaRuntime.decode``) while a second request waits for the one slot: both clients
+    get an engine error, not a hang or a truncated answer; later requests get the same explicit
+    error at once; the node keeps serving HTTP."""
+    import httpx
+    import trio
+
+    from p2pinfer.api import ApiLimits, serve_http
+    from p2pinfer.node import Node, NodeConfig
+
+    config = NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), engine="llama-cpp",
+                        engine_options={"threads": 1, "context_size": 1024, "slots": 1})
+    async with Node(config) as node:
+        host, port = await nursery.start(lambda task_status: serve_http(node, "127.0.0.1", 0, limits=ApiLimits(),
+                                                                         task_status=task_status))
+        engine = node.engine
+        runtime = engine._rt  # noqa: SLF001 - the boundary the failure is injected at
+        real_decode = runtime.decode
+        steps = 0
+
+        def crashing_decode(batch):
+            nonlocal steps
+            steps += 1
+            if steps == 3:
+                deadline = time.monotonic() + 30
+                while not engine._waiting and time.monotonic() < deadline:  # noqa: SLF001 - the second request queued
+                    time.sleep(0.01)
+                raise _WorkerCrash("injected: the worker crashed")
+            return real_decode(batch)
+
+        runtime.decode = crashing_decode
+        body = {"model": "default", "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0}
+        answers: dict[str, httpx.Response] = {}
+        async with httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=60) as http:
+
+            async def ask(name: str, prompt: str) -> None:
+                answers[name] = await http.post("/v1/completions", json={**body, "prompt": prompt})
+
+            with trio.fail_after(60):  # without the error path the requests would wait forever
+                async with trio.open_nursery() as both:
+                    both.start_soon(ask, "running", "Once upon a time")
+                    while steps < 1:
+                        await trio.sleep(0.01)
+                    both.start_soon(ask, "waiting", "The capital of France is")
+            assert steps == 3
+            for name in ("running", "waiting"):
+                assert answers[name].status_code == 500, (name, answers[name].text)
+                error = answers[name].json()["error"]
+                assert error["code"] == "engine_error", (name, error)
+                assert "the engine failed" in error["message"] and "injected: the worker crashed" in error["message"]
+
+            # Streaming, after the crash: refused at once with the same explicit error.
+            with trio.fail_after(30):
+                streamed = await http.post("/v1/completions", json={**body, "stream": True})
+            assert streamed.status_code == 500 and streamed.json()["error"]["code"] == "engine_error"
+            assert "cannot generate until it is restarted" in streamed.json()["error"]["message"]
+            assert steps == 3  # the dead loop was not asked again
+
+            # The node itself still answers.
+            assert (await http.get("/health")).json()["ok"] is True
+            assert (await http.get("/status")).status_code == 200
+        nursery.cancel_scope.cancel()

@@ -1,10 +1,26 @@
-import json, sys, pathlib
+"""Compare fixed-seed `p2pinfer simulate --json` runs field by field, wall-clock fields left out.
+
+usage: compare.py DIR_1 DIR_2 [DIR_3 ...]
+
+Each DIR holds one JSON per run (written by run.sh through wrap.py:
+{"provenance": {...}, "output": <simulate's JSON>}). Each directory is
+compared with the next one; every difference is printed, none left out.
+"""
+import json
+import pathlib
+import sys
+
 WALL = ("decision_us_p50", "decision_us_p99", "directory_query_us_p50", "wall_s")
+
+
 def strip(r):
     r = json.loads(json.dumps(r))
     for k in WALL:
-        r.pop(k, None); r.get("sim", {}).pop(k, None)
+        r.pop(k, None)
+        r.get("sim", {}).pop(k, None)
     return r
+
+
 def diff(a, b, path=""):
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b)):
@@ -17,13 +33,30 @@ def diff(a, b, path=""):
             yield from diff(x, y, f"{path}[{i}]")
     elif a != b:
         yield f"{path}: {a} -> {b}"
-A, B = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-ignore = set(sys.argv[3:])
-for f in sorted(A.glob("*.json")):
-    a = json.loads(f.read_text()); b = json.loads((B / f.name).read_text())
-    if not isinstance(a, list): a, b = [a], [b]
-    lines = []
-    for x, y in zip(a, b):
-        lines += [l for l in diff(strip(x), strip(y), x["policy"]) if not any(l.startswith(f"{x['policy']}{i}") for i in ignore)]
-    print(f"{f.stem}: {'identical' if not lines else str(len(lines)) + ' differences'}")
-    for l in lines[:12]: print("   ", l)
+
+
+def load(path):
+    doc = json.loads(path.read_text())
+    out = doc["output"]
+    return doc["provenance"], out if isinstance(out, list) else [out]
+
+
+def compare(A, B):
+    for f in sorted(A.glob("*.json")):
+        _, a = load(f)
+        _, b = load(B / f.name)
+        lines = []
+        for x, y in zip(a, b):
+            lines += diff(strip(x), strip(y), x["policy"])
+        print(f"{f.stem}: {'identical' if not lines else str(len(lines)) + ' differences'}")
+        for line in lines:
+            print("   ", line)
+
+
+dirs = [pathlib.Path(d) for d in sys.argv[1:]]
+for A, B in zip(dirs, dirs[1:]):
+    first = sorted(A.glob("*.json"))[0].name
+    commit_a, commit_b = (load(d / first)[0]["commit"][:7] for d in (A, B))
+    print(f"## {A.name} ({commit_a}) -> {B.name} ({commit_b})")
+    compare(A, B)
+    print()

@@ -1,10 +1,12 @@
 #!/bin/bash
-# usage: run.sh SRC_ROOT OUT_DIR
+# usage: run.sh SRC_ROOT OUT_DIR   (before/: accd742, after/: 86f73e3, step-<commit>/: that commit)
+# Eleven fixed-seed `p2pinfer simulate --json` runs of the checkout SRC_ROOT, each
+# written to OUT_DIR/<name>.json with its command and commit (wrap.py).
 set -e
-SRC=$1; OUT=$2; mkdir -p $OUT
+HERE=$(cd "$(dirname "$0")" && pwd)
+SRC=$1; OUT=$2; mkdir -p "$OUT"
 PY=${PY:-python3}
-cd /tmp
-run() { name=$1; shift; PYTHONPATH=$SRC $PY -m p2pinfer simulate --json "$@" > $OUT/$name.json; }
+run() { name=$1; shift; $PY "$HERE/wrap.py" "$SRC" "$@" > "$OUT/$name.json"; }
 run all8        --policy all --nodes 8 --requests 1200 --seed 3
 run directory16 --discovery directory --nodes 16 --requests 1500 --seed 5
 run shared4     --shared-cores 2 --nodes 4 --requests 600 --concurrency 4 --seed 7
