@@ -108,6 +108,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 await engine.aclose()
 
         result = trio.run(main)
+        from ..lab.provenance import with_provenance
+
+        result = with_provenance(result)
         if as_json:
             typer.echo(json.dumps(result))
             return
@@ -118,7 +121,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         table.add_column("figure")
         table.add_column("value", justify="right")
         for key, value in result.items():
-            if key not in ("runs", "engine", "configs"):
+            if key not in ("runs", "engine", "configs", "provenance"):
                 table.add_row(key, str(value))
         for row in result.get("configs", []):
             table.add_row(f"flash {row['flash_attn']}, batch {row['batch_size']}", json.dumps(row))

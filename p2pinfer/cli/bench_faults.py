@@ -24,6 +24,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     ) -> None:
         """SIGKILL a serving node under concurrent streams: every request completes or fails explicitly."""
         result = run_faults(nodes=nodes, requests=requests, max_tokens=max_tokens, restart=restart, seed=seed)
+        from ..lab.provenance import with_provenance
+
+        result = with_provenance(result)
         if as_json:
             typer.echo(json.dumps(result))
         else:

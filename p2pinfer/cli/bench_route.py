@@ -35,6 +35,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         result = run_route_bench(
             peers, prompt_tokens, blocks_per_peer, holders, policy, iterations, seed, secret.encode() or None
         )
+        from ..lab.provenance import with_provenance
+
+        result = with_provenance(result)
         if as_json:
             typer.echo(json.dumps(result))
             return

@@ -177,6 +177,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 netem.__exit__(None, None, None)
         if cache_tokens is not None:
             result["cache_budget_note"] = budget_note(subjects, nodes, cache_tokens)
+        from ..lab.provenance import with_provenance
+
+        result = with_provenance(result)
         if out is not None:
             plot_policies(result["policies"], out, f"bench swarm: {nodes} nodes, {requests} requests")
             out.with_suffix(".json").write_text(json.dumps(result, indent=2))
