@@ -42,19 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from .idle_bench import IdleSwarm, cpu_seconds, measure_swarm, tcp_bytes_by_pid
+from ..stats import percentile
 from .provenance import with_provenance
 
 __all__ = ["run_directory_bench"]
 
 MODES = ("gossip", "directory")
-
-
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    if not s:
-        return 0.0
-    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
-    return s[k]
 
 
 def _mean(values: list[float]) -> float | None:
@@ -174,9 +167,9 @@ def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float,
         "cpu_s_per_request": round((sum(cpu1) - sum(cpu0)) / max(1, len(results)), 4),
         "hit_rate": round(reused / prompt, 4) if prompt else 0.0,
         "ttft_ms_mean": round(statistics.fmean(ttft), 1) if ttft else None,
-        "ttft_ms_p99": round(_pct(ttft, 99), 1) if ttft else None,
+        "ttft_ms_p99": round(percentile(ttft, 99), 1) if ttft else None,
         "decision_ms_mean": round(statistics.fmean(decide), 2) if decide else None,
-        "decision_ms_p99": round(_pct(decide, 99), 2) if decide else None,
+        "decision_ms_p99": round(percentile(decide, 99), 2) if decide else None,
         "ttft_ms_mean_served_locally": _mean([r["ttft_s"] * 1000.0 for r in results if r["served_locally"]]),
         "ttft_ms_mean_forwarded": _mean([r["ttft_s"] * 1000.0 for r in results if not r["served_locally"]]),
         "checked_answers": sum(bool(a.get("check")) for r in results for a in r.get("attempts", [])),
@@ -191,7 +184,7 @@ def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float,
     if net0 is not None and net1 is not None:
         bytes_in = [(net1[p][0] - net0[p][0]) / window for p in pids if p in net0 and p in net1]
         out["bytes_in_per_node_per_s"] = round(statistics.fmean(bytes_in), 1)
-        out["bytes_in_per_node_per_s_p99"] = round(_pct(bytes_in, 99), 1)
+        out["bytes_in_per_node_per_s_p99"] = round(percentile(bytes_in, 99), 1) if bytes_in else 0.0
         out["bytes_in_busiest_node_per_s"] = round(max(bytes_in), 1)
         out["bytes_note"] = "TCP payload (tcp_info via ss) during the workload window, forwarded requests and answers included"
     if mode == "directory":
