@@ -572,7 +572,7 @@ class Membership:
                 await finish_stream(stream, True)
                 stream = None
         try:
-            with trio.fail_after(min(5.0, self.config.connect_timeout_s)):
+            with trio.fail_after(self._ping_timeout_s):
                 if stream is None:
                     stream = await self.host.new_stream(ID.from_base58(peer_id), [PING_PROTOCOL])
                     self._ping_streams[peer_id] = stream
@@ -595,6 +595,11 @@ class Membership:
             if self._ping_streams.pop(peer_id, None) is not None and stream is not None:
                 await finish_stream(stream, False)
             return None
+
+    @property
+    def _ping_timeout_s(self) -> float:
+        """Longest one ping exchange may take, either side (opening its stream included)."""
+        return min(5.0, self.config.connect_timeout_s)
 
     async def answer_pings(self, stream: INetStream) -> None:
         """The ``/ipfs/ping/1.0.0`` responder: echo each 32-byte ping until the
@@ -620,7 +625,7 @@ class Membership:
                     break
                 if peer_id in self.router.view:
                     self.router.view.add(peer_id, time.monotonic())
-                with trio.fail_after(min(5.0, self.config.connect_timeout_s)):
+                with trio.fail_after(self._ping_timeout_s):
                     await stream.write(payload)
         except Exception as exc:  # reset, timed out writing, connection gone
             log.debug("answering pings of %s: %s: %s", peer_id, type(exc).__name__, exc)
