@@ -49,7 +49,17 @@ def _prompt(rng: random.Random, n: int) -> list[int]:
 class LiarSwarm:
     """The four node processes of one scenario."""
 
-    def __init__(self, scenario: str, *, prefix_tokens: int, suffix_tokens: int, speed: float, policy: str) -> None:
+    def __init__(
+        self,
+        scenario: str,
+        *,
+        prefix_tokens: int,
+        suffix_tokens: int,
+        speed: float,
+        policy: str,
+        fourth_cache_tokens: int | None = None,
+    ) -> None:
+        """``fourth_cache_tokens``: the fourth node's cache (default: about two requests)."""
         from ..core.router import GossipConfig, RouterConfig, TrustConfig
         from ..lab.node_process import NodeProcess, fast_config
 
@@ -65,7 +75,9 @@ class LiarSwarm:
         }
         # The fourth node caches about two requests: lying costs it nothing, and
         # what it is sent does not stay long enough to make its claims true.
-        small = {"cache_tokens": 2 * (prefix_tokens + suffix_tokens)}
+        if fourth_cache_tokens is None:
+            fourth_cache_tokens = 2 * (prefix_tokens + suffix_tokens)
+        small = {"cache_tokens": fourth_cache_tokens}
         self.nodes: list[Any] = []
         first = NodeProcess(fast_config(**common).replace(router=router), f"{scenario}-honest0")
         self.nodes.append(first)
