@@ -116,7 +116,10 @@ def _run_swarm(
                 "prompt_tokens": facts["prompt_tokens"], "reused_tokens": facts["reused_tokens"],
                 "completion_tokens": out.usage.completion_tokens, "finish_reason": out.choices[0].finish_reason,
                 "ttft_ms": facts["ttft_ms"], "engine_prefill_ms": facts["engine_prefill_ms"],
-                "reply_save_ms": facts["reply_save_ms"],
+                "reply_save_ms": facts["reply_save_ms"], "engine_queue_ms": facts["engine_queue_ms"],
+                # Why it was served where it was: the entry's policy and what it tried.
+                "reason": facts["reason"], "predicted_reused_tokens": facts["predicted_reused_tokens"],
+                "attempts": [{**a, "target": peer_index.get(a.get("target"), a.get("target"))} for a in facts["attempts"]],
                 "previous_turn_tokens": available,
                 "reuse_of_previous_turn": round(min(1.0, facts["reused_tokens"] / available), 4) if available else None,
                 "prompt_ids": prompt,
