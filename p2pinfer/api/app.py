@@ -299,6 +299,8 @@ def create_app(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def health(request: Request) -> Response:
+        if (why := node.engine.failure) is not None:  # the process is up, but it cannot serve
+            return JSONResponse({"ok": False, "peer_id": node.peer_id, "error": why}, status_code=503)
         return JSONResponse({"ok": True, "peer_id": node.peer_id})
 
     async def not_found(request: Request, exc: Exception) -> Response:

@@ -301,6 +301,14 @@ class Engine(ABC):
     async def aclose(self) -> None:
         """Release model memory; the default has nothing to release."""
 
+    @property
+    def failure(self) -> str | None:
+        """Why this engine can no longer generate (its worker died), or None while it can.
+
+        The node reports it: ``/health`` answers 503, and the node says it is
+        busy so that peers stop sending it work."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """Facts for /status and benchmark output."""
         return {

@@ -574,6 +574,10 @@ class LlamaCppEngine(Engine):
             # Its reader raises at once and cleans up (generate's finally), outside this admission loop.
             req.send.send_nowait(Failed(self._loop.failure or "the engine is closed"))
 
+    @property
+    def failure(self) -> str | None:
+        return self._loop.failure
+
     def _check_alive(self) -> None:
         """A slot loop that died (an exception in the thread that steps the context) fails every request."""
         if (why := self._loop.failure) is not None:

@@ -76,7 +76,7 @@ class NodeStatus:
             "addrs": list(self.addrs),
             "topic": self.topic,
             "model_fingerprint": self.router.fingerprint_hex,
-            "engine": self.engine.describe(),
+            "engine": {**self.engine.describe(), "failure": self.engine.failure},
             "policy": self.router.policy.name,
             "uptime_s": round(now - self.started_at, 3),
             "load": {

@@ -256,7 +256,10 @@ class Node(NodeDiscovery, NodeServing, NodeStatus, NodeNat):
 
     # -- state -------------------------------------------------------------------------------
     def is_busy(self) -> bool:
-        """The hotspot valve: queued prefill over the threshold, or too many forwards."""
+        """The hotspot valve: queued prefill over the threshold, or too many
+        forwards; and always once the engine cannot generate (peers stay away)."""
+        if self.engine.failure is not None:
+            return True
         if not hasattr(self, "forward_server"):
             return False
         return (

@@ -86,7 +86,8 @@ async def test_a_slot_loop_crash_is_an_explicit_error_and_the_node_keeps_answeri
     """The thread that steps llama.cpp dies mid-request (the failure is injected at the runtime
     boundary, ``LlamaRuntime.decode``) while a second request waits for the one slot: both clients
     get an engine error, not a hang or a truncated answer; later requests get the same explicit
-    error at once; the node keeps serving HTTP."""
+    error at once; the node keeps serving HTTP, its /health says it cannot serve (503) and it
+    reports itself busy."""
     import httpx
     import trio
 
@@ -113,6 +114,10 @@ async def test_a_slot_loop_crash_is_an_explicit_error_and_the_node_keeps_answeri
                 raise _WorkerCrash("injected: the worker crashed")
             return real_decode(batch)
 
+        async with httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=60) as http:
+            healthy = await http.get("/health")  # before the crash
+        assert healthy.status_code == 200 and healthy.json()["ok"] is True
+        assert not node.is_busy()
         runtime.decode = crashing_decode
         body = {"model": "default", "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0}
         answers: dict[str, httpx.Response] = {}
@@ -141,7 +146,13 @@ async def test_a_slot_loop_crash_is_an_explicit_error_and_the_node_keeps_answeri
             assert "cannot generate until it is restarted" in streamed.json()["error"]["message"]
             assert steps == 3  # the dead loop was not asked again
 
-            # The node itself still answers.
-            assert (await http.get("/health")).json()["ok"] is True
-            assert (await http.get("/status")).status_code == 200
+            # The node itself still answers, and says it cannot serve: /health is 503 with the
+            # reason, /status names the failure, and the node reports itself busy so peers stay away.
+            health = await http.get("/health")
+            assert health.status_code == 503 and health.json()["ok"] is False
+            assert "injected: the worker crashed" in health.json()["error"]
+            status = await http.get("/status")
+            assert status.status_code == 200
+            assert "injected: the worker crashed" in status.json()["engine"]["failure"]
+            assert status.json()["load"]["busy"] is True and node.is_busy()
         nursery.cancel_scope.cancel()
