@@ -16,6 +16,14 @@ as a live engine does:
   A finished answer whose reply is evaluated again for the cache (the
   llama.cpp engine's reply caching) counts those tokens again until that
   ends (:meth:`EngineQueue.saving_reply`): its slot is still taken.
+* **checks are background work** (``admit(..., background=True)``): an
+  answer check (``Engine.score``) holds a slot like a request, so it counts
+  in the active requests, the free slots and the wait for one, but its
+  tokens are counted apart (:attr:`EngineQueue.background_queued`), not in
+  ``queued_prefill_tokens``: a request arriving now has its prefill chunks
+  go before a check's (:class:`CheckTurns`), so the wait it is predicted
+  (``Load.wait_ms``, what the ``cost`` policy compares) does not include
+  them. Nor is a check a prompt ahead: it caches nothing.
 * **prompts ahead** (:class:`PromptsAhead`): accepted and not finished, in
   arrival order, in tokens.
 * **speed** (``Load.prefill_ms_per_token``): an EWMA (weight 0.25) of the
@@ -44,15 +52,49 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 import heapq
+from typing import Literal
 
 from .peers import Load
 
-__all__ = ["EngineQueue", "PromptsAhead", "QueueFull", "Ticket", "shared_prefix_len"]
+__all__ = ["CHECK_EVERY", "CheckTurns", "EngineQueue", "PromptsAhead", "QueueFull", "Ticket", "shared_prefix_len"]
 
 SPEED_WEIGHT = 0.25
 """Weight of the newest measurement in the prefill speed estimate."""
 MIN_TIMED_PREFILL = 16
 """Prefills shorter than this are dominated by fixed costs; not timed."""
+CHECK_EVERY = 8
+"""A check's chunk runs at least once in this many chunk turns (see :class:`CheckTurns`)."""
+
+
+class CheckTurns:
+    """Whose prompt chunk an engine evaluates next: a request's or a check's.
+
+    An engine that evaluates one prompt chunk at a time (the llama.cpp slot
+    loop: one chunk per iteration, then one decode step for every decoding
+    slot) asks :meth:`next` before each chunk. Requests go first, so an
+    answer check never delays a request's first token by more than one
+    chunk in ``every``; a check is never starved: while requests keep
+    prefilling, it still gets every ``every``-th chunk turn, and all of them
+    when no request is prefilling.
+    """
+
+    def __init__(self, every: int = CHECK_EVERY) -> None:
+        if every < 1:
+            raise ValueError("every must be >= 1")
+        self.every = every
+        self.passed = 0
+        """Chunk turns a waiting check has been passed over in a row."""
+
+    def next(self, request_ready: bool, check_ready: bool) -> Literal["request", "check"] | None:
+        """``"request"``, ``"check"`` or None (nothing to evaluate), given who has a chunk ready."""
+        if check_ready and (not request_ready or self.passed >= self.every - 1):
+            self.passed = 0
+            return "check"
+        if request_ready:
+            if check_ready:
+                self.passed += 1
+            return "request"
+        return None
 
 
 def shared_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -110,6 +152,8 @@ class Ticket:
     """Its answer's length limit (what the wait for its slot is estimated from)."""
     decode_ends: float | None = None
     """When its answer is expected to end (seconds, the owner's clock), once its prefill is done."""
+    background: bool = False
+    """An answer check: its tokens count in ``background_queued``, not in the queued prefill."""
     started: bool = False
     finished: bool = False
 
@@ -149,7 +193,9 @@ class EngineQueue:
         self._tickets: list[Ticket] = []
         """Accepted and not finished, in arrival order."""
         self.queued = 0
-        """Uncached prompt tokens waiting for or in prefill."""
+        """Uncached prompt tokens of requests waiting for or in prefill."""
+        self.background_queued = 0
+        """Uncached tokens of answer checks waiting for or in prefill (not in the load's queued prefill)."""
         self.active = 0
         """Requests accepted and not finished."""
         self.running = 0
@@ -184,30 +230,40 @@ class EngineQueue:
             heapq.heappush(ends, start + (t.estimate * pms + t.max_tokens * dms) / 1000.0)
         return max(0.0, (ends[0] - now) * 1000.0)
 
+    def _count(self, ticket: Ticket, delta: int) -> None:
+        if ticket.background:
+            self.background_queued += delta
+        else:
+            self.queued += delta
+
     def can_start(self) -> bool:
         return self.running < self.slots
 
-    def admit(self, tokens: Sequence[int], cached: int, max_tokens: int = 0) -> Ticket:
+    def admit(self, tokens: Sequence[int], cached: int, max_tokens: int = 0, *, background: bool = False) -> Ticket:
         """Accept ``tokens``, of which the cache holds ``cached`` leading ones
         now (``cache.match(tokens, touch=False)``), for an answer of at most
-        ``max_tokens``; raises :class:`QueueFull`."""
+        ``max_tokens``; raises :class:`QueueFull`. ``background``: an answer
+        check (see the module docstring): it counts ``cached`` only, since
+        the prompts ahead may be evicted before it runs, and is no prompt
+        ahead of later requests."""
         if self.max_queue is not None and self.active >= self.max_queue:
             raise QueueFull(f"{self.active} requests queued (limit {self.max_queue})")
         n = len(tokens)
-        covered = max(cached, self.ahead.covered(tokens))
+        covered = cached if background else max(cached, self.ahead.covered(tokens))
         if self._max_reuse is not None:
             covered = min(covered, self._max_reuse(n))
-        ticket = Ticket(tokens, n - covered, max(0, max_tokens))
-        self.ahead.add(tokens)
+        ticket = Ticket(tokens, n - covered, max(0, max_tokens), background=background)
+        if not background:
+            self.ahead.add(tokens)
         self._tickets.append(ticket)
         self.active += 1
-        self.queued += ticket.estimate
+        self._count(ticket, ticket.estimate)
         return ticket
 
     def start(self, ticket: Ticket, reused: int) -> None:
         """Its prefill starts and will reuse ``reused`` tokens: it counts at its true size."""
         uncached = len(ticket.tokens) - reused
-        self.queued += uncached - ticket.estimate
+        self._count(ticket, uncached - ticket.estimate)
         ticket.estimate = uncached
         ticket.started = True
         self.running += 1
@@ -218,7 +274,7 @@ class EngineQueue:
         :meth:`prefilled`."""
         if ticket.started and not ticket.finished and ticket.estimate:
             uncached = len(ticket.tokens) - reused
-            self.queued += uncached - ticket.estimate
+            self._count(ticket, uncached - ticket.estimate)
             ticket.estimate = uncached
 
     def prefilled(
@@ -227,7 +283,7 @@ class EngineQueue:
         """Its prefill is done (no longer queued work); ``ms_per_token`` is
         what it measured for its ``uncached`` tokens, if timed; ``now`` dates
         the start of its answer (for the wait for a free slot)."""
-        self.queued -= ticket.estimate
+        self._count(ticket, -ticket.estimate)
         ticket.estimate = 0
         if now is not None and self.decode_ms_per_token is not None:
             ticket.decode_ends = now + ticket.max_tokens * self.decode_ms_per_token / 1000.0
@@ -245,7 +301,7 @@ class EngineQueue:
         if ticket.finished:
             return
         tokens = max(0, tokens)
-        self.queued += tokens - ticket.estimate
+        self._count(ticket, tokens - ticket.estimate)
         ticket.estimate = tokens
         if now is not None:
             ticket.decode_ends = now + tokens * self.ms_per_token / 1000.0
@@ -261,12 +317,13 @@ class EngineQueue:
         if ticket.finished:
             return
         ticket.finished = True
-        self.ahead.remove(ticket.tokens)
+        if not ticket.background:
+            self.ahead.remove(ticket.tokens)
         for i, t in enumerate(self._tickets):
             if t is ticket:
                 del self._tickets[i]
                 break
-        self.queued -= ticket.estimate
+        self._count(ticket, -ticket.estimate)
         ticket.estimate = 0
         self.active -= 1
         if ticket.started:

@@ -137,3 +137,43 @@ def test_a_reply_being_saved_counts_as_queued_prefill_and_holds_its_slot() -> No
     assert (q.load(1.3).queued_prefill_tokens, q.load(1.3).free_slots) == (0, 1)
     q.saving_reply(t, 150, now=1.3)  # after finish (a late event): ignored
     assert q.load(1.3).queued_prefill_tokens == 0
+
+
+def test_a_check_is_background_work_it_holds_a_slot_but_is_not_in_the_queued_prefill_a_request_waits_for() -> None:
+    q = EngineQueue(ms_per_token=2.0, slots=2, decode_ms_per_token=10.0)
+    prompt = list(range(100))
+    check = q.admit(prompt + [5, 6, 7], cached=40, background=True)
+    assert check.estimate == 63 and q.background_queued == 63
+    load = q.load(now=0.0)
+    assert load.queued_prefill_tokens == 0 and load.wait_ms() == 0.0  # what the cost policy compares
+    assert (load.active_requests, load.free_slots) == (1, 1)  # but it takes a slot: the load shows it
+    req = q.admit(prompt + [9], cached=0, max_tokens=4)
+    assert req.estimate == 101  # a check caches nothing: it is no prompt ahead
+    assert q.load(now=0.0).queued_prefill_tokens == 101 and q.background_queued == 63
+    q.start(check, reused=50)
+    assert q.background_queued == 53 and q.queued == 101
+    q.reuse(check, 0)  # its restore failed
+    assert q.background_queued == 103
+    q.start(req, reused=0)
+    assert not q.can_start() and q.load(now=0.0).slot_wait_ms > 0  # both slots are taken
+    q.prefilled(check, 103, ms_per_token=1.0)
+    assert q.background_queued == 0 and q.ms_per_token == 0.75 * 2.0 + 0.25 * 1.0
+    q.finish(check)
+    q.finish(check)
+    assert (q.active, q.running, q.background_queued, q.queued) == (1, 1, 0, 101)
+    q.finish(req)
+    assert (q.active, q.running, q.queued, len(q.ahead)) == (0, 0, 0, 0)
+
+
+def test_check_turns_let_requests_go_first_and_never_starve_a_check() -> None:
+    from p2pinfer.core.engine_queue import CheckTurns
+
+    turns = CheckTurns(every=4)
+    assert turns.next(False, False) is None
+    assert turns.next(True, False) == "request" and turns.passed == 0  # no check waiting: nothing passed over
+    assert turns.next(False, True) == "check"
+    picks = [turns.next(True, True) for _ in range(12)]
+    assert picks == ["request", "request", "request", "check"] * 3  # a check every 4th turn at least
+    assert [turns.next(False, True) for _ in range(3)] == ["check"] * 3  # all turns when no request prefills
+    with pytest.raises(ValueError):
+        CheckTurns(every=0)
