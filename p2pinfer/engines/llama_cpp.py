@@ -253,6 +253,12 @@ class LlamaCppEngine(Engine):
         """Prompts longer than :attr:`cache_window`, served without saving their KV."""
         self.replies_cached = 0
         """Generations whose reply joined the cache."""
+        self.checks_scored = 0
+        """Answer checks (:meth:`score`) that completed."""
+        self.check_tokens_reused = 0
+        """Prompt tokens those checks restored from the prefix cache instead of evaluating."""
+        self.check_tokens_prefilled = 0
+        """Tokens those checks evaluated (their prompt's uncached rest and the answer)."""
         if self.cache_window is not None:
             log.info(
                 "%s has a sliding-window KV cache: only prompts of at most %d tokens are cached",
@@ -402,6 +408,10 @@ class LlamaCppEngine(Engine):
             reply_cache_chat_tail=list(self.chat_reply.tail) if self.chat_reply else None,
             reply_cache_note=self.reply_cache_note,
             replies_cached=self.replies_cached,
+            checks_scored=self.checks_scored,
+            check_tokens_reused=self.check_tokens_reused,
+            check_tokens_prefilled=self.check_tokens_prefilled,
+            queued_check_tokens=self.queue.background_queued,
             kv_bytes_per_token=self.bytes_per_token,
             prefill_ms_per_token=self.queue.ms_per_token if self.queue.speed_measured else None,
             decode_ms_per_token=self.queue.decode_ms_per_token,
@@ -692,54 +702,96 @@ class LlamaCppEngine(Engine):
     can_score = True
 
     async def score(self, tokens: Sequence[int], start: int, *, temperature: float = 1.0) -> list[PositionScore]:
-        """See :meth:`Engine.score`: one prefill of ``tokens`` from position 0
-        (:func:`~.llama_score.score_tokens`) in a slot of its own, in turn
-        with requests, and counted in the load as the prefill it is. The
-        prefix cache is neither used nor changed."""
-        from .llama_score import score_tokens  # noqa: PLC0415
+        """See :meth:`Engine.score`: the answer check, a job of its own in the
+        slot loop (:class:`~.slot_loop.ScoreJob`).
+
+        * **prompt from the cache**: the longest cached prefix of
+          ``tokens[:start - 1]`` is restored into its sequence (read only:
+          pinned while planned, never touched, inserted or evicted), and only
+          the rest is evaluated, with logits for the rows that predict the
+          answer. The restored KV is bit for bit what a cold prefill
+          computes; the rest is cut into other batches than a cold check's,
+          so on a backend whose results depend on the batch (flash attention,
+          GPUs) the scores may differ from a cold check's in the last bits
+          (on the CPU build measured equal: tests/engines/test_score.py).
+          :attr:`check_tokens_reused` and :attr:`check_tokens_prefilled`
+          count what the checks restored and evaluated.
+        * **interleaved, in the background**: one chunk per loop iteration,
+          after requests' chunks (:class:`~p2pinfer.core.engine_queue.CheckTurns`),
+          while the decoding slots keep stepping; it holds a slot like a
+          request, and its tokens count in the queue's
+          ``background_queued``, not in the queued prefill that a new
+          request's wait is predicted from.
+        """
+        from .slot_loop import ScoreJob  # noqa: PLC0415
 
         if self._closed:
             raise EngineError("the engine is closed")
         self._check_alive()
         self.validate_score(tokens, start, temperature)
         tokens = list(tokens)
-        cancel = threading.Event()
+        self._resave_stale()
+        matched = min(self._cache.match(tokens, touch=False), start - 1)
         try:
-            ticket = self.queue.admit(tokens, 0)
+            ticket = self.queue.admit(tokens, matched, background=True)
         except QueueFull as exc:
             raise EngineOverloadedError(str(exc)) from None
-        from .slot_loop import SlotCall  # noqa: PLC0415
-
-        send, receive = trio.open_memory_channel[tuple[Any, BaseException | None]](1)
+        pin = self._cache.pin(tokens[:matched])
+        plan = self._store.plan(tokens, matched)
+        restore = [(seg.blob, seg.start, upto) for seg, upto in plan if seg.blob is not None]
+        planned = sum(upto - seg.start for seg, upto in plan)
+        send, receive = trio.open_memory_channel[tuple[ScoreJob, BaseException | None]](1)
         token = trio.lowlevel.current_trio_token()
+        pinned = [pin]
 
-        def done(value: Any, error: BaseException | None) -> None:
+        def unpin() -> None:
+            if pinned:
+                self._cache.unpin(pinned.pop())
+
+        def on_restored(job: ScoreJob) -> None:  # trio side, at once
+            unpin()
+            if job.restore_error:
+                log.warning("cached prefix of a check not restored, recomputed: %s", job.restore_error)
+            if job.reused != planned:
+                self.queue.reuse(ticket, job.reused)
+
+        def restored(job: ScoreJob) -> None:  # loop thread
             try:
-                token.run_sync_soon(send.send_nowait, (value, error))
+                token.run_sync_soon(on_restored, job)
             except trio.RunFinishedError:
                 pass
 
-        # It takes a slot of its own in the slot loop, between two iterations:
-        # the other slots' KV is left alone.
-        call = SlotCall(lambda seq: score_tokens(self._rt, tokens, start, temperature, seq=seq, cancel=cancel), done, cancel)
+        def done(job: ScoreJob, error: BaseException | None) -> None:  # loop thread
+            try:
+                token.run_sync_soon(send.send_nowait, (job, error))
+            except trio.RunFinishedError:
+                pass
+
+        job = ScoreJob(tokens, start, temperature, done, restored, restore)  # type: ignore[arg-type]
         try:
-            self.queue.start(ticket, 0)
-            t0 = time.perf_counter()
-            self._loop.submit(call)
-            value, error = await receive.receive()
+            self.queue.start(ticket, planned)
+            self._loop.submit(job)
+            job, error = await receive.receive()
             if error is not None:
                 if isinstance(error, EngineError):
                     raise error
                 if self._closed:
                     raise EngineError("the engine is closed")
                 raise EngineError(f"llama.cpp failed while scoring: {error}") from error
-            self.queue.prefilled(ticket, len(tokens), (time.perf_counter() - t0) * 1000 / len(tokens))
-            return value  # type: ignore[no-any-return]
+            new = job.prefilled
+            self.queue.prefilled(ticket, new, job.prefill_s * 1000 / new if new and job.prefill_s > 0 else None)
+            self.checks_scored += 1
+            self.check_tokens_reused += job.reused
+            self.check_tokens_prefilled += new
+            return job.scores
         except RuntimeError as exc:  # submit() on a closed loop
             raise EngineError(str(exc)) from None
         finally:
-            cancel.set()
+            job.cancel.set()  # a cancelled caller: the loop drops the check at its next step
+            self._loop.wake()
+            unpin()
             self.queue.finish(ticket)
+            self._admit()  # the slot it held is free for a waiting request
 
     def _drop_phantoms(self) -> None:
         """Take out of the tree what was put there without a saved span."""

@@ -396,9 +396,11 @@ class LlamaRuntime:
         if rc != 0:
             raise DecodeError(f"llama_decode returned {rc} ({what}, {n} tokens)")
 
-    def eval_chunk(self, tokens: Sequence[int], pos0: int, seq: int = 0) -> int:
+    def eval_chunk(self, tokens: Sequence[int], pos0: int, seq: int = 0, *, logits_from: int | None = None) -> int:
         """One ``llama_decode`` of ``tokens`` at positions ``pos0...`` of ``seq``,
-        with logits for the last one only; returns that row's index."""
+        with logits for the last one only, or for rows ``logits_from...`` (an
+        answer check reads them: :func:`~.llama_score.score_chunk`); returns
+        the last row's index."""
         n = len(tokens)
         if not 0 < n <= self.n_batch:
             raise ValueError(f"a chunk holds 1..{self.n_batch} tokens, not {n}")
@@ -410,7 +412,7 @@ class LlamaRuntime:
             pos[j] = pos0 + j
             nseq[j] = 1
             seqs[j][0] = seq
-            logits[j] = False
+            logits[j] = logits_from is not None and j >= logits_from
         logits[n - 1] = True
         self._decode(n, f"prompt of sequence {seq} at position {pos0}")
         return n - 1

@@ -1,12 +1,15 @@
-"""Scoring a token sequence with llama.cpp in one prefill (answer verification).
+"""Scoring a token sequence with llama.cpp (answer verification), one chunk at a time.
 
-:func:`score_tokens` evaluates ``tokens`` from position 0 in one sequence of
-the context, asking llama.cpp for the logits of every row that predicts a
-token of ``tokens[start:]``, and reduces each row at once to a
+:func:`score_chunk` evaluates one prompt chunk of a check's sequence, asking
+llama.cpp for the logits of every row that predicts a token of
+``tokens[start:]``, and reduces each row at once to a
 :class:`~p2pinfer.engines.base.PositionScore` (the vocabulary's logits never
-leave the worker thread). It has its own batch and touches the context only
-through one sequence, which the caller must own and which is left empty:
-the engine calls it under its FIFO lock like a request.
+leave the loop thread). The slot loop runs a check as a job of its own
+(:class:`~p2pinfer.engines.slot_loop.ScoreJob`): the cached prefix of the
+prompt restored into its sequence, then the rest in the runtime's chunks
+(:meth:`~.llama_runtime.LlamaRuntime.chunks`), one per loop iteration,
+so each token's KV is computed as when a prompt is served here.
+:func:`score_tokens` does the same cold and in one go (no slot loop).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import llama_cpp as _ll
 
 from .base import PositionScore
 
-__all__ = ["score_tokens"]
+__all__ = ["score_chunk", "score_tokens"]
 
 
 def _row_score(logits: Any, token: int, temperature: float) -> PositionScore:
@@ -38,6 +41,29 @@ def _row_score(logits: Any, token: int, temperature: float) -> PositionScore:
     return PositionScore(token, float(logp[token]), best, float(logp[best]), mean, var)
 
 
+def score_chunk(
+    rt: Any, tokens: Sequence[int], start: int, temperature: float, off: int, size: int, *, seq: int
+) -> list[PositionScore]:
+    """Evaluate ``tokens[off:off + size]`` at positions ``off...`` of ``seq``
+    (``rt``: a :class:`~.llama_runtime.LlamaRuntime`; the positions before
+    ``off`` must be in the sequence already) and return the scores of the
+    tokens of ``tokens[start:]`` that its rows predict, in order."""
+    import numpy as np  # noqa: PLC0415
+
+    n = len(tokens)
+    first_row = max(0, start - 1 - off)  # the logits of position i-1 predict token i
+    rt.eval_chunk(tokens[off : off + size], off, seq, logits_from=min(first_row, size - 1))
+    out: list[PositionScore] = []
+    for j in range(first_row, size):
+        pos = off + j
+        if pos >= n - 1:
+            break
+        ptr = _ll.llama_get_logits_ith(rt.ctx, j)
+        logits = np.ctypeslib.as_array(ptr, shape=(rt.n_vocab,))
+        out.append(_row_score(logits, tokens[pos + 1], temperature))
+    return out
+
+
 def score_tokens(
     rt: Any,
     tokens: Sequence[int],
@@ -47,47 +73,21 @@ def score_tokens(
     seq: int = 0,
     cancel: threading.Event | None = None,
 ) -> list[PositionScore]:
-    """Scores of ``tokens[start:]`` under ``rt``'s model (a :class:`~.llama_runtime.LlamaRuntime`).
+    """Scores of ``tokens[start:]``, evaluating ``tokens`` cold from position 0
+    in one go (the engine runs checks through the slot loop instead).
 
-    Cuts the sequence into batches as the runtime's prefill does
-    (:meth:`~.llama_runtime.LlamaRuntime.chunks`), so each token's KV is
-    computed as when the prompt is served here. Sequence ``seq`` is emptied
-    before and after.
+    Cuts the sequence into batches as the runtime's prefill does. Sequence
+    ``seq`` is emptied before and after; the caller must own the context.
     """
-    import numpy as np  # noqa: PLC0415
+    from .llama_runtime import JobCancelled  # noqa: PLC0415
 
-    from .llama_runtime import DecodeError, JobCancelled  # noqa: PLC0415
-
-    n = len(tokens)
-    first_row = start - 1  # the logits of position i-1 predict token i
-    mem = rt.mem
-    _ll.llama_memory_seq_rm(mem, seq, -1, -1)
-    batch = _ll.llama_batch_init(rt.n_batch, 0, 1)
+    rt.clear_seq(seq)
     out: list[PositionScore] = []
     try:
-        for off, size in rt.chunks(n):
+        for off, size in rt.chunks(len(tokens)):
             if cancel is not None and cancel.is_set():
                 raise JobCancelled()
-            batch.n_tokens = size
-            rows: list[int] = []
-            for j in range(size):
-                pos = off + j
-                batch.token[j] = tokens[pos]
-                batch.pos[j] = pos
-                batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = seq
-                wanted = first_row <= pos < n - 1
-                batch.logits[j] = wanted
-                if wanted:
-                    rows.append(j)
-            rc = _ll.llama_decode(rt.ctx, batch)
-            if rc != 0:
-                raise DecodeError(f"llama_decode returned {rc} at position {off}")
-            for j in rows:
-                ptr = _ll.llama_get_logits_ith(rt.ctx, j)
-                logits = np.ctypeslib.as_array(ptr, shape=(rt.n_vocab,))
-                out.append(_row_score(logits, tokens[off + j + 1], temperature))
+            out += score_chunk(rt, tokens, start, temperature, off, size, seq=seq)
     finally:
-        _ll.llama_batch_free(batch)
-        _ll.llama_memory_seq_rm(mem, seq, -1, -1)
+        rt.clear_seq(seq)
     return out

@@ -36,12 +36,16 @@ from .base import (
     with_tool_instructions,
 )
 
-__all__ = ["SIMULATED_TOP_PROBABILITY", "SimulatedEngine", "simulated_next_token"]
+__all__ = ["SIMULATED_CHECK_CHUNK", "SIMULATED_TOP_PROBABILITY", "SimulatedEngine", "simulated_next_token"]
 
 SIMULATED_TOP_PROBABILITY = 0.9
 """The simulated engine's "model", for :meth:`SimulatedEngine.score`: its next
 token (:func:`simulated_next_token`) has this probability, every other token
 an equal share of the rest."""
+
+
+SIMULATED_CHECK_CHUNK = 128
+"""Tokens of an answer check the simulated engine prefills per turn (the llama.cpp engine's CPU batch)."""
 
 
 def simulated_next_token(seq: Sequence[int]) -> int:
@@ -90,6 +94,9 @@ class SimulatedEngine(Engine):
         self._lock = trio.Lock()  # FIFO: one request at a time, like one llama.cpp context
         # Its speed is its cost model's, known: nothing to measure.
         self.queue = EngineQueue(ms_per_token=self.cost.prefill_ms_per_token, max_queue=max_queue)
+        self.check_tokens_reused = 0
+        """Prompt tokens answer checks found cached (not prefilled)."""
+        self.check_tokens_prefilled = 0
 
     @property
     def fingerprint(self) -> ModelFingerprint:
@@ -177,19 +184,35 @@ class SimulatedEngine(Engine):
 
     async def score(self, tokens: Sequence[int], start: int, *, temperature: float = 1.0) -> list[PositionScore]:
         """Scores under the simulated "model" (:data:`SIMULATED_TOP_PROBABILITY`
-        on :func:`simulated_next_token`), after the cost of a cold prefill of
-        ``tokens``, queued and counted in the load like a request's."""
+        on :func:`simulated_next_token`), after the cost of prefilling what
+        the cache does not hold of ``tokens[:start - 1]`` and the rest.
+
+        It is background work as in the llama.cpp engine: its tokens count in
+        the queue's ``background_queued``, not in the load's queued prefill,
+        and it takes the engine (one request at a time) for one chunk of
+        :data:`SIMULATED_CHECK_CHUNK` tokens at a time, so a request waiting
+        goes before its next chunk (trio's lock is FIFO, which also means a
+        check always gets its turn). The cache is read, never changed.
+        """
         self.validate_score(tokens, start, temperature)
         tokens = list(tokens)
+        cached = min(self._cache.match(tokens, touch=False), start - 1)
         try:
-            ticket = self.queue.admit(tokens, 0)
+            ticket = self.queue.admit(tokens, cached, background=True)
         except QueueFull as exc:
             raise EngineOverloadedError(str(exc)) from None
         try:
-            async with self._lock:
-                self.queue.start(ticket, 0)
-                await trio.sleep(self.cost.prefill_ms(len(tokens), 0) / 1000)
-                self.queue.prefilled(ticket)
+            self.queue.start(ticket, cached)
+            pos, new = cached, len(tokens) - cached
+            total_ms = self.cost.prefill_ms(len(tokens), cached)
+            while pos < len(tokens):
+                size = min(SIMULATED_CHECK_CHUNK, len(tokens) - pos)
+                async with self._lock:
+                    await trio.sleep(total_ms * size / new / 1000)
+                pos += size
+            self.queue.prefilled(ticket)
+            self.check_tokens_reused += cached
+            self.check_tokens_prefilled += len(tokens) - cached
         finally:
             self.queue.finish(ticket)
         vocab = self.vocab_size

@@ -15,7 +15,10 @@ The llama.cpp engine has ``n_slots`` sequences in one context
    admitted before any prompt still in prefill, so it goes first and frees
    its slot soonest); when it is the prompt's last chunk the
    first token is sampled and sent at once, then the prompt's new span is
-   saved for the cache;
+   saved for the cache. An answer check (:class:`ScoreJob`) is background
+   work: its chunk goes instead only when no request has one ready, or
+   when it has been passed over long enough
+   (:class:`~p2pinfer.core.engine_queue.CheckTurns`);
 4. **one decode step**: one ``llama_decode`` with one token for every
    decoding slot, then one sample per slot.
 
@@ -47,13 +50,14 @@ import threading
 import time
 from typing import Any
 
-from .base import TokenChunk, TokenLogprob
+from ..core.engine_queue import CheckTurns
+from .base import PositionScore, TokenChunk, TokenLogprob
 from .kv_state import KvSpan
 from .slot_events import Event, Failed, Finished, Prefilled, Restored, SavingReply
 from .llama_runtime import DecodeError, GrammarError, LlamaRuntime, RestoreError, SamplerSpec
 from .text_stream import TextStream
 
-__all__ = ["SlotJob", "SlotLoop"]
+__all__ = ["ScoreJob", "SlotJob", "SlotLoop"]
 
 log = logging.getLogger("p2pinfer.engines.slots")
 
@@ -116,20 +120,48 @@ class SlotJob:
         return self.reply_new is not None
 
 
-@dataclass
-class SlotCall:
-    """Work that needs one sequence of the context to itself for a moment (scoring an answer).
+@dataclass(eq=False)
+class ScoreJob:
+    """An answer check as the slot loop sees it: score ``tokens[start:]`` (``Engine.score``).
 
-    The loop runs ``fn(slot)`` in its own thread as soon as a slot is free,
-    between iterations (the other slots wait for it, as for one long prompt
-    chunk), and hands the result to ``done(value, error)``, which must not
-    block. ``fn`` must leave its sequence empty.
+    It takes a free slot like a request (in submission order), gets the
+    cached prefix of its prompt (``restore``, planned by the engine, at most
+    ``start - 1`` tokens: the row before the answer must be computed) put
+    back into its sequence, then evaluates the rest one chunk per loop
+    iteration (:func:`~.llama_score.score_chunk`, with the runtime's cuts),
+    as background work: requests' chunks go first (see the module
+    docstring), and the decoding slots step every iteration meanwhile.
+    ``restored(job)`` is called once it holds its slot (the cache's spans are
+    then free again); ``done(job, error)`` once it ended, with ``scores``
+    filled or ``error`` set (cancelled: ``JobCancelled``). Both run in the
+    loop thread and must not block. Its sequence is emptied before and after.
     """
 
-    fn: Callable[[int], Any]
-    done: Callable[[Any, BaseException | None], None]
+    tokens: list[int]
+    start: int
+    temperature: float
+    done: Callable[[ScoreJob, BaseException | None], None]
+    restored: Callable[[ScoreJob], None] | None = None
+    restore: list[tuple[KvSpan, int, int]] = field(default_factory=list)
+    """Saved spans of the cached prefix: ``(span, start, upto)``, consecutive from 0."""
     cancel: threading.Event = field(default_factory=threading.Event)
     order: int = 0
+    # -- the loop's own state ------------------------------------------------
+    slot: int = -1
+    reused: int = 0
+    """Prompt tokens restored from the cache (not evaluated)."""
+    restore_error: str | None = None
+    cuts: list[tuple[int, int]] = field(default_factory=list)
+    """The chunks still to evaluate, ``(offset, size)``, the next one first."""
+    scores: list[PositionScore] = field(default_factory=list)
+    prefill_s: float = 0.0
+    """Time spent evaluating its chunks (their ``llama_decode`` and scoring)."""
+    chunks: int = 0
+
+    @property
+    def prefilled(self) -> int:
+        """Tokens it evaluated itself: all but the restored ones."""
+        return len(self.tokens) - self.reused
 
 
 class SlotLoop:
@@ -138,8 +170,9 @@ class SlotLoop:
     def __init__(self, rt: LlamaRuntime) -> None:
         self._rt = rt
         self._cv = threading.Condition()
-        self._inbox: deque[SlotJob] = deque()
-        self._slots: list[SlotJob | None] = [None] * rt.n_seq
+        self._inbox: deque[SlotJob | ScoreJob] = deque()
+        self._slots: list[SlotJob | ScoreJob | None] = [None] * rt.n_seq
+        self._turns = CheckTurns()
         self._closing = False
         self._order = 0
         self._thread = threading.Thread(target=self._run, name="p2pinfer-slot-loop", daemon=True)
@@ -157,6 +190,10 @@ class SlotLoop:
         """Chunks of replies evaluated again for the cache (not in ``chunks``)."""
         self.saving_replies = 0
         """Slots saving their reply after the last iteration."""
+        self.checking = 0
+        """Slots running an answer check after the last iteration."""
+        self.check_chunks = 0
+        """Chunks of answer checks evaluated (not in ``chunks``)."""
         self.error: BaseException | None = None
         """Set if the loop itself died (a bug): every job then fails."""
 
@@ -172,7 +209,7 @@ class SlotLoop:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, job: SlotJob | SlotCall) -> None:
+    def submit(self, job: SlotJob | ScoreJob) -> None:
         """Queue ``job``; it takes the next free slot at the next iteration."""
         with self._cv:
             if self._closing:
@@ -210,11 +247,8 @@ class SlotLoop:
                 self._inbox.clear()
             why = self.failure or "the engine is closed"
             for job in [j for j in self._slots if j is not None] + pending:
-                if isinstance(job, SlotCall):
-                    try:
-                        job.done(None, RuntimeError(why))
-                    except Exception:
-                        log.exception("failing a slot call failed")
+                if isinstance(job, ScoreJob):
+                    self._end_score(job, RuntimeError(why))
                     continue
                 self._end(job, Failed(why))
 
@@ -226,25 +260,38 @@ class SlotLoop:
                 return False
         self._reap()
         self._admit()
-        job = min((j for j in self._slots if j is not None and (j.in_prefill or j.saving_reply)),
-                  key=lambda j: j.order, default=None)
-        if job is not None:
+        jobs = [j for j in self._slots if isinstance(j, SlotJob)]
+        checks = [j for j in self._slots if isinstance(j, ScoreJob)]
+        job = min((j for j in jobs if j.in_prefill or j.saving_reply), key=lambda j: j.order, default=None)
+        turn = self._turns.next(job is not None, bool(checks))
+        if turn == "check":
+            self._score_chunk(min(checks, key=lambda j: j.order))
+        elif job is not None:
             if job.in_prefill:
                 self._prefill_chunk(job)
             else:
                 self._reply_chunk(job)
+        if turn is not None:
             self._reap()
-        steps = [j for j in self._slots if j is not None and j.token is not None]
+        steps = [j for j in self._slots if isinstance(j, SlotJob) and j.token is not None]
         if steps:
             self._decode_step(steps)
+        jobs = [j for j in self._slots if isinstance(j, SlotJob)]
         self.busy_slots = sum(1 for j in self._slots if j is not None)
-        self.saving_replies = sum(1 for j in self._slots if j is not None and j.saving_reply)
-        self.decoding = sum(1 for j in self._slots if j is not None and not j.in_prefill and not j.saving_reply)
+        self.checking = self.busy_slots - len(jobs)
+        self.saving_replies = sum(1 for j in jobs if j.saving_reply)
+        self.decoding = sum(1 for j in jobs if not j.in_prefill and not j.saving_reply)
         return True
 
     def _reap(self) -> None:
+        from .llama_runtime import JobCancelled  # noqa: PLC0415
+
         for job in self._slots:
-            if job is not None and job.cancel.is_set():
+            if job is None or not job.cancel.is_set():
+                continue
+            if isinstance(job, ScoreJob):
+                self._end_score(job, JobCancelled())
+            else:
                 self._end(job, Finished("cancelled", job.generated, job.decode_steps, job.decode_s))
 
     def _admit(self) -> None:
@@ -257,8 +304,8 @@ class SlotLoop:
                 if not self._inbox:
                     return
                 job = self._inbox.popleft()
-            if isinstance(job, SlotCall):
-                self._call(job, free)
+            if isinstance(job, ScoreJob):
+                self._admit_score(job, free)
                 continue
             if job.cancel.is_set():
                 self._end(job, Finished("cancelled", 0, 0, 0.0))
@@ -286,25 +333,63 @@ class SlotLoop:
             job.text = TextStream(job.stop)
             job.post(job, [Restored(free, job.pos, time.perf_counter() - t0, error)])
 
-    def _call(self, call: SlotCall, slot: int) -> None:
+    def _admit_score(self, job: ScoreJob, slot: int) -> None:
+        """A check takes ``slot``: its cached prefix is put back, its chunks are cut."""
         from .llama_runtime import JobCancelled  # noqa: PLC0415
 
-        value: Any = None
-        error: BaseException | None = None
-        if call.cancel.is_set():
-            error = JobCancelled()
-        else:
-            self._rt.clear_seq(slot)
+        if job.cancel.is_set():
+            self._end_score(job, JobCancelled())
+            return
+        rt = self._rt
+        job.slot = slot
+        self._slots[slot] = job
+        rt.clear_seq(slot)
+        if job.restore:
             try:
-                value = call.fn(slot)
-            except Exception as exc:  # handed to the caller, never kills the loop
-                error = exc
-            finally:
-                self._rt.clear_seq(slot)
+                job.reused = rt.restore(job.restore, seq=slot)
+            except RestoreError as exc:
+                job.restore_error = str(exc)
+                rt.clear_seq(slot)
+                job.reused = 0
+        job.restore = []  # the spans' memory belongs to the cache again
+        # the same cuts as a prompt's prefill from the restored position
+        job.cuts = [(job.reused + off, size) for off, size in rt.chunks(len(job.tokens) - job.reused)]
+        if job.restored is not None:
+            try:
+                job.restored(job)
+            except Exception:
+                log.exception("telling that a check took its slot failed")
+
+    def _score_chunk(self, job: ScoreJob) -> None:
+        """One chunk of a check; after the last, it ends with its scores."""
+        from .llama_score import score_chunk  # noqa: PLC0415
+
+        off, size = job.cuts.pop(0)
+        t0 = time.perf_counter()
         try:
-            call.done(value, error)
+            job.scores += score_chunk(self._rt, job.tokens, job.start, job.temperature, off, size, seq=job.slot)
+        except Exception as exc:  # handed to the caller, never kills the loop
+            self._end_score(job, exc)
+            return
+        finally:
+            job.prefill_s += time.perf_counter() - t0
+        job.chunks += 1
+        self.check_chunks += 1
+        if not job.cuts:
+            self._end_score(job, None)
+
+    def _end_score(self, job: ScoreJob, error: BaseException | None) -> None:
+        """The check leaves its slot (its sequence emptied) and is handed back."""
+        if job.slot >= 0 and self._slots[job.slot] is job:
+            self._slots[job.slot] = None
+            try:
+                self._rt.clear_seq(job.slot)
+            except Exception:  # the context is being torn down
+                pass
+        try:
+            job.done(job, error)
         except Exception:
-            log.exception("handing a slot call's result back failed")
+            log.exception("handing a check's result back failed")
 
     def _prefill_chunk(self, job: SlotJob) -> None:
         rt = self._rt

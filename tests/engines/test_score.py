@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from p2pinfer.core.verify import VerifyConfig, judge
-from p2pinfer.engines.base import GenerationParams, InvalidRequestError, TokenChunk
+from p2pinfer.engines.base import EngineError, GenerationParams, InvalidRequestError, TokenChunk
 from p2pinfer.engines.simulated import SimulatedEngine
 
 
@@ -62,24 +64,203 @@ async def test_llama_score_refuses_bad_calls(engine: Any) -> None:
         await engine.score(prompt + prompt, len(prompt), temperature=0.0)
 
 
-async def test_simulated_scores_follow_its_generation_and_count_in_its_load() -> None:
+async def test_simulated_scores_follow_its_generation_and_count_as_background_work(autojump_clock: trio.testing.MockClock) -> None:
     engine = SimulatedEngine(speed=1.0)
     prompt = list(range(300, 700))
     out, _ = await answer(SimulatedEngine(speed=0.0), prompt, GenerationParams(max_tokens=6))
-    seen: list[int] = []
+    seen: list[tuple[int, int, int]] = []
 
     async def watch() -> None:
         while True:
-            seen.append(engine.load().queued_prefill_tokens)
+            load = engine.load()
+            seen.append((load.queued_prefill_tokens, engine.queue.background_queued, load.active_requests))
             await trio.sleep(0.001)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch)
         scores = await engine.score(prompt + out, len(prompt))
         nursery.cancel_scope.cancel()
-    assert max(seen) == len(prompt) + len(out)  # the check's prefill is queued work, reported as such
-    assert engine.load().queued_prefill_tokens == 0
+    # the check's prefill is background work: not in the queued prefill a request's wait is predicted from
+    assert max(q for q, _, _ in seen) == 0
+    assert max(b for _, b, _ in seen) == len(prompt) + len(out) and max(a for _, _, a in seen) == 1
+    assert engine.queue.background_queued == 0 and engine.load().active_requests == 0
     assert all(s.best_token == s.token_id for s in scores)
     assert judge(scores, GenerationParams(), VerifyConfig()).ok
     wrong = await engine.score(prompt + [1, 2, 3], len(prompt))
     assert not judge(wrong, GenerationParams(), VerifyConfig()).ok
+    assert (engine.check_tokens_reused, engine.check_tokens_prefilled) == (0, 2 * len(prompt) + len(out) + 3)
+
+
+async def test_a_simulated_check_reads_the_cached_prompt_and_lets_a_request_go_between_its_chunks(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    engine = SimulatedEngine(speed=1.0)
+    prompt = list(range(300, 1300))
+    async for _ in engine.generate(prompt, GenerationParams(max_tokens=1)):
+        pass  # the prompt is cached now
+    before = engine.cache.total_tokens
+    scores = await engine.score(prompt + [5, 6], len(prompt))
+    assert len(scores) == 2 and engine.cache.total_tokens == before  # read, not changed
+    assert (engine.check_tokens_reused, engine.check_tokens_prefilled) == (len(prompt) - 1, 3)
+    engine.cache.clear()
+    done: dict[str, float] = {}
+
+    async def check() -> None:
+        await engine.score(prompt + [5, 6], len(prompt))  # cold: 8 chunks
+        done["check"] = trio.current_time()
+
+    async def request() -> None:
+        await trio.sleep(0.01)  # arrives during the check's first chunk
+        async for _ in engine.generate(list(range(5, 40)), GenerationParams(max_tokens=1)):
+            done.setdefault("first token", trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(check)
+        nursery.start_soon(request)
+    assert done["first token"] < done["check"]
+
+
+def _long_prompt(engine: Any, words: int | None = None) -> list[int]:
+    """A prompt of about ``words`` words, or else of six prefill batches and a bit (the CPU's or a GPU's)."""
+    count = words if words is not None else 3000
+    text = " ".join(f"item {i} is {'red' if i % 3 else 'blue'}," for i in range(count // 4))
+    tokens = engine.tokenize(text)
+    return tokens if words is not None else tokens[: 6 * engine.batch_size + 40]
+
+
+async def test_a_check_runs_in_chunks_while_a_stream_keeps_decoding(engine: Any) -> None:
+    """A check is evaluated one chunk per loop iteration, so a decoding
+    stream's longest gap between two tokens while it runs is about one chunk,
+    well below the check's own duration (both measured here)."""
+    check_tokens = _long_prompt(engine)
+    assert len(check_tokens) == 6 * engine.batch_size + 40
+    stamps: list[float] = []
+    window: dict[str, float] = {}
+    started = trio.Event()
+
+    async def stream() -> None:
+        params = GenerationParams(max_tokens=400)
+        async for item in engine.generate(engine.tokenize("Once upon a time"), params):
+            if isinstance(item, TokenChunk):
+                stamps.append(time.perf_counter())
+                if len(stamps) == 5:
+                    started.set()
+                if "end" in window:
+                    return
+
+    async def check() -> None:
+        await started.wait()
+        window["start"] = time.perf_counter()
+        await engine.score(check_tokens, len(check_tokens) - 16)
+        window["end"] = time.perf_counter()
+
+    chunks0 = engine._loop.check_chunks
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stream)
+        nursery.start_soon(check)
+    duration = window["end"] - window["start"]
+    during = [t for t in stamps if window["start"] <= t <= window["end"]]
+    gaps = [b - a for a, b in zip(during, during[1:])]
+    assert engine._loop.check_chunks - chunks0 == len(engine._rt.chunks(len(check_tokens)))
+    assert len(during) >= 4, (len(during), duration)  # it kept decoding during the check
+    print(f"check {duration:.3f} s, {len(during)} tokens during it, longest gap {max(gaps):.3f} s")
+    assert max(gaps) < duration / 3, (max(gaps), duration)
+
+
+async def test_a_request_arriving_during_a_long_check_gets_its_first_token_before_the_check_ends(engine: Any) -> None:
+    """Checks are background work: a request's prefill chunks go first."""
+    check_tokens = _long_prompt(engine)
+    prompt = engine.tokenize("The capital of France is Paris. The capital of Italy is")
+    got: dict[str, float] = {}
+
+    async def check() -> None:
+        await engine.score(check_tokens, len(check_tokens) - 16)
+        got["check done"] = time.perf_counter()
+
+    async def request() -> None:
+        while engine._loop.check_chunks == chunks0:  # the check has started evaluating
+            await trio.sleep(0.001)
+        got["load"] = engine.load().queued_prefill_tokens
+        got["queued checks"] = engine.queue.background_queued
+        async for item in engine.generate(prompt, GenerationParams(max_tokens=2)):
+            if isinstance(item, TokenChunk):
+                got.setdefault("first token", time.perf_counter())
+
+    chunks0 = engine._loop.check_chunks
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(check)
+        nursery.start_soon(request)
+    print({k: v for k, v in got.items()})
+    assert got["first token"] < got["check done"]
+    # the check was queued work, but not in the prefill a new request's wait is predicted from
+    assert got["load"] == 0 and got["queued checks"] == len(check_tokens)
+    assert engine.queue.background_queued == 0 and engine.load().active_requests == 0
+
+
+async def test_a_check_restores_the_cached_prompt_and_scores_as_a_cold_check(engine: Any) -> None:
+    prompt = _long_prompt(engine, 200) + engine.tokenize(" The capital of Italy is", add_special=False)
+    out, _ = await answer(engine, prompt, GenerationParams(max_tokens=12))
+    assert len(out) >= 4 and engine.cache.match(prompt, touch=False) == len(prompt)
+    tokens = prompt + out
+    cache_before = engine.cache.total_tokens
+    reused0, prefilled0 = engine.check_tokens_reused, engine.check_tokens_prefilled
+    warm = await engine.score(tokens, len(prompt))
+    cached = len(prompt) - 1  # the row before the answer is computed
+    assert engine.check_tokens_reused - reused0 == cached
+    assert engine.check_tokens_prefilled - prefilled0 == len(tokens) - cached
+    assert engine.cache.total_tokens == cache_before  # read only
+    engine.cache.clear()
+    reused0, prefilled0 = engine.check_tokens_reused, engine.check_tokens_prefilled
+    cold = await engine.score(tokens, len(prompt))
+    assert (engine.check_tokens_reused - reused0, engine.check_tokens_prefilled - prefilled0) == (0, len(tokens))
+    verdict = judge(warm, GenerationParams(), VerifyConfig())
+    assert verdict.ok and verdict == judge(cold, GenerationParams(), VerifyConfig())
+    assert [s.best_token for s in warm] == [s.best_token for s in cold] == out
+    diff = max(abs(a.logprob - b.logprob) for a, b in zip(warm, cold))
+    # Measured 0.0 on the CPU build (no flash attention: results do not depend on the batches);
+    # other backends may round differently with other batch cuts.
+    print(f"largest |warm - cold| logprob difference {diff}")
+    assert diff < 1e-3, diff
+
+
+async def test_a_cancelled_check_frees_its_slot_and_a_closed_engine_fails_a_running_check(engine: Any) -> None:
+    check_tokens = _long_prompt(engine)
+    chunks0 = engine._loop.check_chunks
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            async def cancel_once_started() -> None:
+                while engine._loop.check_chunks == chunks0 or not engine._loop.checking:
+                    await trio.sleep(0.001)
+                scope.cancel()
+
+            nursery.start_soon(cancel_once_started)
+            await engine.score(check_tokens, len(check_tokens) - 4)
+    assert scope.cancelled_caught
+    while engine._loop.checking:  # it leaves its slot at the loop's next step
+        await trio.sleep(0.001)
+    assert engine._loop.check_chunks - chunks0 < len(engine._rt.chunks(len(check_tokens)))
+    assert (engine.queue.background_queued, engine.queue.active, engine.queue.running) == (0, 0, 0)
+    assert all(engine._rt.seq_len(i) == 0 for i in range(engine.slots))  # its sequence is empty again
+    out, _ = await answer(engine, engine.tokenize("Hello"), GenerationParams(max_tokens=3))
+    assert out
+
+    from p2pinfer.engines.llama_cpp import LlamaCppEngine
+
+    other = LlamaCppEngine(context_size=2048, cache_tokens=100, slots=2)
+    long = _long_prompt(other)[:1500]
+    failed: list[BaseException] = []
+
+    async def check() -> None:
+        try:
+            await other.score(long, len(long) - 4)
+        except EngineError as exc:
+            failed.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(check)
+        while other._loop.check_chunks == 0:
+            await trio.sleep(0.001)
+        await other.aclose()
+    assert len(failed) == 1 and "closed" in str(failed[0])
+    with pytest.raises(EngineError, match="closed"):
+        await other.score(long, len(long) - 4)
