@@ -259,8 +259,11 @@ class Engine(ABC):
         """Score ``tokens[start:]``, each given the tokens before it, in one prefill.
 
         One :class:`PositionScore` per position ``start..len(tokens)-1``. It
-        queues like a request (FIFO, counted in :meth:`load`): a node's
-        verification work shows in the load it reports. Raises
+        is background work (an answer check): it may reuse the cached prefix
+        of ``tokens[:start]`` (never changing the cache), it yields to
+        requests' prefill, and it is admitted to the engine's queue with
+        ``EngineQueue.admit(..., background=True)``, so it holds a slot in
+        :meth:`load` without counting in the queued prefill. Raises
         :class:`InvalidRequestError` for bad tokens or ``start`` outside
         ``1..len(tokens)-1``.
         """

@@ -779,7 +779,8 @@ class LlamaCppEngine(Engine):
                     raise EngineError("the engine is closed")
                 raise EngineError(f"llama.cpp failed while scoring: {error}") from error
             new = job.prefilled
-            self.queue.prefilled(ticket, new, job.prefill_s * 1000 / new if new and job.prefill_s > 0 else None)
+            # Not a prefill speed measurement: its chunks also compute and score every answer row.
+            self.queue.prefilled(ticket, new)
             self.checks_scored += 1
             self.check_tokens_reused += job.reused
             self.check_tokens_prefilled += new

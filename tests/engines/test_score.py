@@ -264,3 +264,46 @@ async def test_a_cancelled_check_frees_its_slot_and_a_closed_engine_fails_a_runn
     assert len(failed) == 1 and "closed" in str(failed[0])
     with pytest.raises(EngineError, match="closed"):
         await other.score(long, len(long) - 4)
+
+
+async def test_a_check_running_when_the_slot_loop_dies_fails_explicitly() -> None:
+    from p2pinfer.engines.llama_cpp import LlamaCppEngine
+
+    class Crash(Exception):
+        pass
+
+    engine = LlamaCppEngine(context_size=2048, cache_tokens=100, slots=2)
+    try:
+        long = _long_prompt(engine)[:1500]
+        real_decode = engine._rt.decode
+
+        def crashing_decode(steps: Any) -> None:
+            if engine._loop.check_chunks:
+                raise Crash("injected: the worker crashed")
+            real_decode(steps)
+
+        engine._rt.decode = crashing_decode  # the stream's next decode step after the check's first chunk
+        failed: list[BaseException] = []
+
+        async def stream() -> None:
+            try:
+                async for _ in engine.generate(engine.tokenize("Once upon a time"), GenerationParams(max_tokens=200)):
+                    pass
+            except EngineError as exc:
+                failed.append(exc)
+
+        async def check() -> None:
+            try:
+                await engine.score(long, len(long) - 4)
+            except EngineError as exc:
+                failed.append(exc)
+
+        with trio.fail_after(120):  # without the error path the check would wait forever
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stream)
+                nursery.start_soon(check)
+        assert len(failed) == 2 and all("injected: the worker crashed" in str(e) for e in failed), failed
+        with pytest.raises(EngineError, match="the engine failed"):
+            await engine.score(long, len(long) - 4)
+    finally:
+        await engine.aclose()
