@@ -121,11 +121,12 @@ async def test_a_simulated_check_reads_the_cached_prompt_and_lets_a_request_go_b
 
 
 def _long_prompt(engine: Any, words: int | None = None) -> list[int]:
-    """A prompt of about ``words`` words, or else of six prefill batches and a bit (the CPU's or a GPU's)."""
-    count = words if words is not None else 3000
+    """A prompt of about ``words`` words, or else of ten prefill batches and a bit
+    (the CPU's; a GPU's larger batches: as many as fit in 3,800 tokens)."""
+    count = words if words is not None else 6000
     text = " ".join(f"item {i} is {'red' if i % 3 else 'blue'}," for i in range(count // 4))
     tokens = engine.tokenize(text)
-    return tokens if words is not None else tokens[: 6 * engine.batch_size + 40]
+    return tokens if words is not None else tokens[: min(10 * engine.batch_size, 3800) + 40]
 
 
 async def test_a_check_runs_in_chunks_while_a_stream_keeps_decoding(engine: Any) -> None:
@@ -133,7 +134,7 @@ async def test_a_check_runs_in_chunks_while_a_stream_keeps_decoding(engine: Any)
     stream's longest gap between two tokens while it runs is about one chunk,
     well below the check's own duration (both measured here)."""
     check_tokens = _long_prompt(engine)
-    assert len(check_tokens) == 6 * engine.batch_size + 40
+    assert len(check_tokens) == min(10 * engine.batch_size, 3800) + 40
     stamps: list[float] = []
     window: dict[str, float] = {}
     started = trio.Event()
