@@ -380,12 +380,7 @@ class SlotLoop:
 
     def _end_score(self, job: ScoreJob, error: BaseException | None) -> None:
         """The check leaves its slot (its sequence emptied) and is handed back."""
-        if job.slot >= 0 and self._slots[job.slot] is job:
-            self._slots[job.slot] = None
-            try:
-                self._rt.clear_seq(job.slot)
-            except Exception:  # the context is being torn down
-                pass
+        self._free_slot(job)
         try:
             job.done(job, error)
         except Exception:
@@ -570,16 +565,20 @@ class SlotLoop:
         self._release(job)
         job.post(job, [event])
 
-    def _release(self, job: SlotJob) -> None:
-        """Free the job's slot (KV and sampler); no event."""
-        job.done = True
-        job.token = None
+    def _free_slot(self, job: SlotJob | ScoreJob) -> None:
+        """Empty the job's slot and its sequence, if it still holds one."""
         if job.slot >= 0 and self._slots[job.slot] is job:
             self._slots[job.slot] = None
             try:
                 self._rt.clear_seq(job.slot)
             except Exception:  # the context is being torn down
                 pass
+
+    def _release(self, job: SlotJob) -> None:
+        """Free the job's slot (KV and sampler); no event."""
+        job.done = True
+        job.token = None
+        self._free_slot(job)
         if job.chain is not None:
             self._rt.free_sampler(job.chain)
             job.chain = None
