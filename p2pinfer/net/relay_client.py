@@ -95,12 +95,15 @@ class RelayReservations:
         self.first_reserved_at: float | None = None
         self.reserved = 0
         self.lost = 0
+        self.passes = 0
+        """Keeper passes so far (one per ``_TICK_S`` at most): events carry it, so how soon a
+        lost reservation was replaced can be counted in the keeper's own passes."""
 
     def circuit_addrs(self) -> list[str]:
         return [r.circuit_addr for r in self.reservations.values()]
 
     def _event(self, kind: str, relay: str, detail: str = "") -> None:
-        self.events.append({"t": time.monotonic(), "event": kind, "relay": relay, "detail": detail})
+        self.events.append({"t": time.monotonic(), "pass": self.passes, "event": kind, "relay": relay, "detail": detail})
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -112,6 +115,7 @@ class RelayReservations:
             await trio.sleep(_TICK_S)
 
     async def tick(self) -> None:
+        self.passes += 1
         wanted = self.config.relay_reservations if self._want() else 0
         if wanted == 0:
             if self.reservations:
