@@ -323,6 +323,9 @@ class Controller:
             "reservations": [r.relay for r in node.relay_reservations.reservations.values()],
             "circuit_addrs": node.relay_reservations.circuit_addrs(),
             "paths": dict(node.paths.paths),
+            # The circuit addresses each peer's gossip gave us (what we dial it through).
+            "relay_addrs_heard": {peer: node.membership.addrs_of(peer)[1]
+                                  for peer in {*node.paths.paths, *(p.peer_id for p in node.router.view)}},
             "rtt_paths": dict(node.membership.rtt_paths),
             "hole_punches": [r.__dict__ for r in node.hole_puncher.records] if node.hole_puncher else [],
             "relay": node.relay.as_dict(),

@@ -4,7 +4,9 @@
 (``--random-fully``); neither can be dialled from outside its LAN. Hole
 punching between them cannot work (the symmetric NAT's ports cannot be
 predicted), so every forward between them goes through a public relay.
-The tests run in order on one swarm; the last one kills a relay.
+Three public relays: each volunteer reserves on two, so when one of its relays
+dies there is a third to move to. The tests run in order on one swarm; the
+last two kill a relay each.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from p2pinfer.engines.base import GenerationParams
 from p2pinfer.lab.nat_bench import NatSwarm
 from p2pinfer.lab.node_process import wait_until
+from p2pinfer.net import relay_client
 from p2pinfer.net.wire import encode_request
 
 BLOCK = 16
@@ -47,6 +50,11 @@ def forward(swarm: NatSwarm, entry: str, tokens: list[int], max_tokens: int = 4,
                                    timeout_s=180)
 
 
+def publics(swarm: NatSwarm) -> list[str]:
+    """The public relays still alive."""
+    return [h.name for h in swarm.bed.public_hosts if h.name not in swarm.dead]
+
+
 def varints(values: list[int]) -> bytes:
     out = bytearray()
     for v in values:
@@ -65,7 +73,7 @@ def test_the_volunteers_know_they_are_behind_nat_and_hold_two_reservations(swarm
         assert facts[name]["reachability"] == "private"
         assert len(facts[name]["reservations"]) == 2
         assert all(a.endswith("/p2p-circuit") for a in facts[name]["circuit_addrs"]), facts[name]["circuit_addrs"]
-    for name in ("pub0", "pub1"):
+    for name in publics(swarm):
         assert facts[name]["reachability"] == "public" and facts[name]["relay"]["offered"]
     # The two volunteers reach each other only through a relay: no hole punch beats a symmetric NAT.
     assert facts["nat0h0"]["paths"][swarm.ids["nat1h0"]] == "relayed"
@@ -93,13 +101,13 @@ def test_volunteers_behind_different_nats_serve_each_others_forwards_with_the_pr
 def test_the_symmetric_nat_volunteer_is_reached_through_a_relay_whose_bytes_are_ciphertext(swarm: NatSwarm) -> None:
     """A request forwarded to ``sym`` crosses a relay; the relay never sees its token ids."""
     cone, sym = "nat0h0", "nat1h0"
-    publics = ["pub0", "pub1"]
-    for p in publics:
+    relays = publics(swarm)
+    for p in relays:
         swarm.nodes[p].call("relay_capture", max_bytes=8 << 20)
     tokens = [20000 + 37 * i for i in range(200)]  # a long, distinctive run of varints
     result = forward(swarm, cone, tokens, max_tokens=8, prefer=swarm.ids[sym])  # nothing cached: sent on purpose
     assert result["served_by"] == swarm.ids[sym] and result["path"] == "relayed", result["attempts"]
-    captured = {p: bytes.fromhex(swarm.nodes[p].call("relay_captured")["hex"]) for p in publics}
+    captured = {p: bytes.fromhex(swarm.nodes[p].call("relay_captured")["hex"]) for p in relays}
     plain = encode_request(request_id=b"x" * 16, tokens=tokens, params=GenerationParams(max_tokens=8), hops=1,
                            deadline_ms=1, fingerprint="00" * 16, predicted_match_tokens=0, origin="o")
     pattern = varints(tokens[:32])
@@ -109,6 +117,57 @@ def test_the_symmetric_nat_volunteer_is_reached_through_a_relay_whose_bytes_are_
     for p, data in captured.items():
         assert pattern not in data, f"{p} saw the request's token ids"  # ...and never saw them
         assert not result["text"] or result["text"].encode() not in data
+
+
+def test_a_volunteer_that_loses_one_of_its_two_relays_reserves_on_the_third(swarm: NatSwarm) -> None:
+    """Kill a relay ``sym`` reserves on: within a bounded number of its keeper's passes it holds
+    two live reservations again, the third relay among them; the swarm hears its new circuit
+    addresses, and forwards to it still complete with the predicted reuse."""
+    cone, sym = "nat0h0", "nat1h0"
+    sid = swarm.ids[sym]
+    before = swarm.nat()
+    held = set(before[sym]["reservations"])
+    assert len(held) == 2
+    (third,) = [p for p in publics(swarm) if swarm.ids[p] not in held]
+    # Not the bootstrap node where there is a choice (either would do; pub0 is also in the fixture's logs first).
+    victim = sorted((p for p in publics(swarm) if swarm.ids[p] in held), key=lambda p: p == "pub0")[0]
+    losers = [v for v in (cone, sym) if swarm.ids[victim] in before[v]["reservations"]]
+    swarm.kill(victim)
+    vid, tid = swarm.ids[victim], swarm.ids[third]
+
+    def replaced() -> bool:
+        facts = swarm.nat()
+        return all(len(facts[v]["reservations"]) == 2 and vid not in facts[v]["reservations"] for v in losers)
+
+    # A guard against a hang only; the bound under test is counted in keeper passes below.
+    wait_until(replaced, 180, interval_s=0.5, what=f"{', '.join(losers)} holding two reservations without {victim}")
+    facts = swarm.nat()
+    assert tid in facts[sym]["reservations"], facts[sym]["reservations"]
+    for v in losers:
+        events = facts[v]["relay_events"]
+        lost = [e for e in events if e["relay"] == vid and e["event"] == "lost"]
+        assert lost, events
+        new = [e for e in events if e["event"] == "reserved" and e["pass"] >= lost[0]["pass"]]
+        assert new, events
+        # In the pass that noticed the loss, or after at most one failed try's back-off (each pass sleeps
+        # at least _TICK_S, so a back-off spans at most this many passes, on any machine).
+        bound = 1 + int(relay_client._FAILED_BACKOFF_S / relay_client._TICK_S) + 1
+        assert new[0]["pass"] - lost[0]["pass"] <= bound, (lost[0], new[0])
+    # The new circuit addresses travel in sym's gossip: cone dials sym through them.
+    circuits = facts[sym]["circuit_addrs"]
+    assert any(f"/p2p/{tid}/p2p-circuit" in a for a in circuits) and not any(vid in a for a in circuits), circuits
+
+    def heard() -> bool:
+        addrs = swarm.nodes[cone].call("nat")["relay_addrs_heard"].get(sid, [])
+        return sorted(addrs) == sorted(swarm.nodes[sym].call("nat")["circuit_addrs"])
+
+    wait_until(heard, 60, interval_s=0.5, what=f"{cone} heard {sym}'s new circuit addresses")
+    tokens = prompt(5)
+    seed_prefix(swarm, sym, tokens, [cone])
+    for i in range(3):
+        result = forward(swarm, cone, tokens + prompt(500 + i, 24), prefer=sid)
+        assert result["served_by"] == sid and result["path"] == "relayed", result["attempts"]
+        assert result["reused_tokens"] == result["predicted_reused_tokens"] == len(tokens)
 
 
 def test_a_killed_relay_is_replaced_and_no_request_is_lost(swarm: NatSwarm) -> None:
@@ -126,7 +185,7 @@ def test_a_killed_relay_is_replaced_and_no_request_is_lost(swarm: NatSwarm) -> N
         facts = swarm.nat()
         # Either end may have opened the pair's relayed connection (the one with the smaller peer id
         # does, membership._dial), so the circuit's dst is sym or cone: half the runs each.
-        carrying = [p for p in ("pub0", "pub1") if any(sid in (c["src"], c["dst"]) for c in facts[p]["relay"]["circuits"])]
+        carrying = [p for p in publics(swarm) if any(sid in (c["src"], c["dst"]) for c in facts[p]["relay"]["circuits"])]
         if carrying:
             break
     assert carrying, "no relay carries a circuit to the symmetric-NAT volunteer"
@@ -155,7 +214,7 @@ def test_a_killed_relay_is_replaced_and_no_request_is_lost(swarm: NatSwarm) -> N
 
     # sym drops the dead relay and keeps (at least) its reservation on the other one; its
     # gossiped circuit addresses no longer name the dead relay.
-    survivor = next(p for p in ("pub0", "pub1") if p != victim)
+    survivor = next(p for p in publics(swarm) if p != victim)
 
     def moved() -> bool:
         f = swarm.nat()[sym]
