@@ -14,8 +14,11 @@ Measured, all in one run: requests served by the holder, failed ones, the
 path of each pair, hole punches per NAT type, the overhead of each
 forward (the time the entry node waited minus the time the holder's engine
 took) by path and its excess over a direct forward (p50, p90), relay bytes
-per request, and the time a volunteer needs to become reachable (hold a
-reservation) after it starts and after its relay is killed.
+per request, the time a volunteer needs to become reachable (hold a
+reservation) after it starts and after its relay is killed, and (with a third
+public relay, ``--public 3``) the time until it holds two reservations again.
+Each request's record says why it was served where it was (the entry's
+reason, the candidates it ranked, the engine's queue time, every attempt).
 """
 
 from __future__ import annotations
@@ -274,24 +277,49 @@ def _run(bed: NatTestbed, swarm: NatSwarm, rng: random.Random, *, requests: int,
             wait_until(dropped, 90, interval_s=0.5, what="reservations moved off the killed relay")
         except TimeoutError as exc:
             kill["not_replaced"] = str(exc)
+        # Where a live relay holds none of its reservations, each volunteer that lost one takes a new one.
+        restorable = len(publics) - 1 >= wanted
+
+        def restored() -> bool:
+            facts = swarm.nat()
+            return all(len(facts[n]["reservations"]) >= wanted for n in private)
+
+        if restorable:
+            try:
+                wait_until(restored, 120, interval_s=0.5, what=f"every volunteer holding {wanted} reservations again")
+            except TimeoutError as exc:
+                kill["not_restored"] = str(exc)
         facts = swarm.nat()
         lost_after: dict[str, float | None] = {}
         reserved_after: dict[str, float | None] = {}
+        restored_after: dict[str, float | None] = {}
+        restored_passes: dict[str, int | None] = {}
         for n in private:
-            events = start_facts[n]["relay_events"] + facts[n]["relay_events"]
+            events = _merged_events(start_facts[n]["relay_events"], facts[n]["relay_events"])
             had = any(e["relay"] == swarm.ids[victim] and e["event"] in ("reserved", "renewed") and e["t"] < killed_at
                       for e in events)
             if not had:
                 continue
-            lost = [e["t"] for e in events if e["relay"] == swarm.ids[victim] and e["event"] == "lost" and e["t"] > killed_at]
+            lost = [e for e in events if e["relay"] == swarm.ids[victim] and e["event"] == "lost" and e["t"] > killed_at]
             later = [e["t"] for e in events if e["event"] == "reserved" and e["t"] > killed_at]
-            lost_after[n] = round(min(lost) - killed_at, 3) if lost else None
+            lost_after[n] = round(lost[0]["t"] - killed_at, 3) if lost else None
             reserved_after[n] = round(min(later) - killed_at, 3) if later else None
+            back = _held_again(events, killed_at, wanted)
+            restored_after[n] = None if back is None else round(back["t"] - killed_at, 3)
+            restored_passes[n] = None if back is None or not lost else back["pass"] - lost[0]["pass"]
         kill["reservation_dropped_after_s"] = lost_after
         kill["new_reservation_after_s"] = reserved_after
+        kill["reservations_restored_after_s"] = restored_after
+        kill["reservations_restored_after_passes"] = restored_passes
         kill["reservations_after"] = {n: len(facts[n]["reservations"]) for n in private}
-        kill["note"] = ("a volunteer stays reachable through its other reservation; a new one is taken only where "
-                        "a relay without one of its reservations is alive")
+        kill["note"] = (
+            f"per volunteer that held a reservation on the killed relay: seconds from the kill until it noticed "
+            f"(reservation_dropped_after_s), until its next new reservation (new_reservation_after_s) and until it "
+            f"held {wanted} reservations again (reservations_restored_after_s; null: it never did while measured), "
+            f"and the reservation keeper's passes (at most one per second) from the loss to that; "
+            + ("a relay without one of its reservations was alive, so each had one to move to"
+               if restorable else "no relay without one of its reservations was left, so each keeps its other one only")
+        )
         holder_after = [r for r in kill_records if r.get("done_at", 0) > killed_at and r.get("served_by") == swarm.ids[holder]
                         and r.get("path") == "relayed"]
         kill["first_relayed_holder_serve_after_s"] = (
@@ -307,6 +335,33 @@ def _run(bed: NatTestbed, swarm: NatSwarm, rng: random.Random, *, requests: int,
                    prefix_tokens, suffix_tokens, max_tokens, speed)
     out["settled_after_s"] = round(settle_s, 3)
     return out
+
+
+def _merged_events(*lists: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A node's reservation events from several reads of its (bounded) log, once each, in time order."""
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for events in lists:
+        for e in events:
+            seen.setdefault((e["t"], e["event"], e["relay"]), e)
+    return sorted(seen.values(), key=lambda e: e["t"])
+
+
+def _held_again(events: list[dict[str, Any]], after: float, wanted: int) -> dict[str, Any] | None:
+    """The event after ``after`` at which the node held ``wanted`` reservations again, having held fewer."""
+    held: set[str] = set()
+    short = False
+    for e in events:
+        if e["event"] in ("reserved", "renewed"):
+            held.add(e["relay"])
+        elif e["event"] == "lost":
+            held.discard(e["relay"])
+        if e["t"] <= after:
+            continue
+        if len(held) < wanted:
+            short = True
+        elif short:
+            return e
+    return None
 
 
 def _requests(swarm: NatSwarm, entries: list[str], prefix: list[int], rng: random.Random, n: int, rate: float,
@@ -332,6 +387,22 @@ def _requests(swarm: NatSwarm, entries: list[str], prefix: list[int], rng: rando
             result = {"entry": entry, "error": str(exc)[:500]}
         out.append(result)
     return out
+
+
+def _record(r: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """One request, with why it was served where it was: the entry's reason and the candidates it ranked
+    (estimated TTFT, RTT, queue and prefill, in ms), the serving engine's queue time, each attempt."""
+    record = r.get("record") or {}
+    decision = r.get("decision") or {}
+    return {k: r.get(k) for k in ("entry", "served_by", "path", "call_s", "predicted_reused_tokens", "reused_tokens", "error")} | {
+        "engine_s": record.get("total_s"),
+        "engine_queue_s": record.get("queue_s"),
+        "reason": r.get("reason"),
+        "candidates": [{"target": names.get(c["target"], c["target"]),
+                        **{k: c[k] for k in ("predicted_match_tokens", "est_ttft_ms", "rtt_ms", "queue_ms", "prefill_ms")}}
+                       for c in decision.get("candidates", [])],
+        "attempts": [(a["target"][-6:], a["outcome"], a["path"], a.get("message", "")[:200]) for a in r.get("attempts", [])],
+    }
 
 
 def _report(bed: NatTestbed, swarm: NatSwarm, holder: str, records: list[dict[str, Any]], kill_records: list[dict[str, Any]],
@@ -420,10 +491,6 @@ def _report(bed: NatTestbed, swarm: NatSwarm, holder: str, records: list[dict[st
             "requests": requests, "rate_rps": rate_rps, "prefix_tokens": prefix_tokens, "suffix_tokens": suffix_tokens,
             "max_tokens": max_tokens, "engine": f"simulated (calibrated cost model, speed {speed})", "nat": nat_cfg,
         },
-        "records": [
-            {k: r.get(k) for k in ("entry", "served_by", "path", "call_s", "predicted_reused_tokens", "reused_tokens", "error")}
-            | {"engine_s": (r.get("record") or {}).get("total_s"), "attempts": [(a["target"][-6:], a["outcome"], a["path"]) for a in r.get("attempts", [])]}
-            for r in records + kill_records
-        ],
+        "records": [_record(r, swarm.names) for r in records + kill_records],
         "node_names": swarm.names,
     }
