@@ -19,6 +19,10 @@ reservation) after it starts and after its relay is killed, and (with a third
 public relay, ``--public 3``) the time until it holds two reservations again.
 Each request's record says why it was served where it was (the entry's
 reason, the candidates it ranked, the engine's queue time, every attempt).
+Before the measured phase each entry forwards to the holder until it
+releases an answer unchecked (its probation of a new peer, see
+:func:`_probation_warmup`); the overhead figures leave out answers held for
+a check (``held_for_check`` counts them).
 """
 
 from __future__ import annotations
@@ -232,6 +236,7 @@ def _run(bed: NatTestbed, swarm: NatSwarm, rng: random.Random, *, requests: int,
     wait_until(heard, 60, interval_s=0.5, what="every entry node heard the holder's digest")
     # Hole punches started when the relayed connections came up: let them finish.
     time.sleep(5)
+    warmup = _probation_warmup(swarm, entries, holder, prefix, rng, suffix_tokens, max_tokens)
     rtts = {name: swarm.nodes[name].call("status")["peers"] for name in entries}
 
     relay_before = {p: start_facts[p]["relay"]["bytes_relayed"] for p in publics}
@@ -334,7 +339,37 @@ def _run(bed: NatTestbed, swarm: NatSwarm, rng: random.Random, *, requests: int,
                    reachable_after_start, relay_bytes, idle_rate, phase_s, nat_cfg, requests, rate_rps,
                    prefix_tokens, suffix_tokens, max_tokens, speed)
     out["settled_after_s"] = round(settle_s, 3)
+    out["probation_warmup"] = warmup
     return out
+
+
+def _probation_warmup(swarm: NatSwarm, entries: list[str], holder: str, prefix: list[int], rng: random.Random,
+                      suffix_tokens: int, max_tokens: int, most: int = 6) -> dict[str, Any]:
+    """Each entry sends the holder forwards, one at a time, until it releases an answer unchecked.
+
+    A node checks a new peer's first answers (``VerifyConfig.probation_answers``) by recomputing
+    them on its own engine before it releases them: with a 1,024-token prefix that is a full
+    prefill per answer, and answers queued behind each other's checks. That is the cost of
+    meeting a peer, not of its path; done here, the measured phase sees the paths. What it cost
+    is reported (``probation_warmup``), and the phase's overhead figures still leave out any
+    answer held for a check.
+    """
+    suffixes = {e: [[rng.randrange(1000, 40000) for _ in range(suffix_tokens)] for _ in range(most)] for e in entries}
+
+    def one(entry: str) -> dict[str, Any]:
+        calls: list[dict[str, Any]] = []
+        for suffix in suffixes[entry]:
+            r = swarm.nodes[entry].call("generate", tokens=prefix + suffix, max_tokens=max_tokens,
+                                        prefer=swarm.ids[holder], deadline_s=120, timeout_s=180)
+            held = sum(a.get("held_tokens", 0) for a in r["attempts"])
+            calls.append({"call_s": round(r["call_s"], 3), "held_tokens": held,
+                          "checks": [a.get("check", "") for a in r["attempts"]]})
+            if r["served_by"] == swarm.ids[holder] and not held:
+                return {"forwards": len(calls), "released_unchecked": True, "calls": calls}
+        return {"forwards": len(calls), "released_unchecked": False, "calls": calls}
+
+    with ThreadPoolExecutor(len(entries)) as pool:
+        return dict(zip(entries, pool.map(one, entries)))
 
 
 def _merged_events(*lists: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -401,7 +436,8 @@ def _record(r: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
         "candidates": [{"target": names.get(c["target"], c["target"]),
                         **{k: c[k] for k in ("predicted_match_tokens", "est_ttft_ms", "rtt_ms", "queue_ms", "prefill_ms")}}
                        for c in decision.get("candidates", [])],
-        "attempts": [(a["target"][-6:], a["outcome"], a["path"], a.get("message", "")[:200]) for a in r.get("attempts", [])],
+        "attempts": [(a["target"][-6:], a["outcome"], a["path"], (a.get("message") or "")[:200], a.get("check", ""),
+                      a.get("held_tokens", 0)) for a in r.get("attempts", [])],
     }
 
 
@@ -414,8 +450,12 @@ def _report(bed: NatTestbed, swarm: NatSwarm, holder: str, records: list[dict[st
     ok = [r for r in records if "error" not in r]
     by_path: dict[str, list[float]] = {}
     pairs: dict[str, Any] = {}
+    held_for_check = 0
     for r in ok:
         if r["served_by"] != hid:
+            continue
+        if any(a.get("held_tokens") for a in r["attempts"]):
+            held_for_check += 1  # its answer waited for the entry's own check: not the path's time
             continue
         overhead = (r["call_s"] - r["record"]["total_s"]) * 1000
         by_path.setdefault(r["path"], []).append(overhead)
@@ -466,6 +506,7 @@ def _report(bed: NatTestbed, swarm: NatSwarm, holder: str, records: list[dict[st
         "holder": holder,
         "paths": paths,
         "request_paths": {p: len(v) for p, v in by_path.items()},
+        "held_for_check": held_for_check,
         "pairs": pairs,
         "overhead_ms_p50": {p: _p(v, 50) for p, v in by_path.items()},
         "overhead_ms_p90": {p: _p(v, 90) for p, v in by_path.items()},
