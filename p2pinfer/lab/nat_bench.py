@@ -21,8 +21,8 @@ Each request's record says why it was served where it was (the entry's
 reason, the candidates it ranked, the engine's queue time, every attempt).
 Before the measured phase each entry forwards to the holder until it
 releases an answer unchecked (its probation of a new peer, see
-:func:`_probation_warmup`); the overhead figures leave out answers held for
-a check (``held_for_check`` counts them).
+:func:`_probation_warmup`); the overhead figures leave out answers checked by
+the entry before their result (``held_for_check`` counts them).
 """
 
 from __future__ import annotations
@@ -352,7 +352,8 @@ def _probation_warmup(swarm: NatSwarm, entries: list[str], holder: str, prefix: 
     prefill per answer, and answers queued behind each other's checks. That is the cost of
     meeting a peer, not of its path; done here, the measured phase sees the paths. What it cost
     is reported (``probation_warmup``), and the phase's overhead figures still leave out any
-    answer held for a check.
+    checked answer (``VerifyConfig.fraction`` of a trusted peer's answers are checked too, and the
+    result waits for that check as well).
     """
     suffixes = {e: [[rng.randrange(1000, 40000) for _ in range(suffix_tokens)] for _ in range(most)] for e in entries}
 
@@ -454,8 +455,10 @@ def _report(bed: NatTestbed, swarm: NatSwarm, holder: str, records: list[dict[st
     for r in ok:
         if r["served_by"] != hid:
             continue
-        if any(a.get("held_tokens") for a in r["attempts"]):
-            held_for_check += 1  # its answer waited for the entry's own check: not the path's time
+        if any(a.get("held_tokens") or a.get("check") for a in r["attempts"]):
+            # Checked (a probation answer, or one of the share of trusted peers' answers that is
+            # sampled): its result waited for the entry's own recompute, which is not the path's time.
+            held_for_check += 1
             continue
         overhead = (r["call_s"] - r["record"]["total_s"]) * 1000
         by_path.setdefault(r["path"], []).append(overhead)
