@@ -133,6 +133,10 @@ class _Failure:
         self.exc = exc
 
 
+NOT_READY = object()
+"""What :meth:`_Stream.next_nowait` returns when the next item has not arrived yet."""
+
+
 class _Stream:
     """The consumer side of a generation: items in order, errors re-raised."""
 
@@ -143,6 +147,18 @@ class _Stream:
     async def next(self) -> Any:
         try:
             item = await self._recv.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        if isinstance(item, _Failure):
+            raise item.exc
+        return item
+
+    def next_nowait(self) -> Any:
+        """The next item if it is already here, else :data:`NOT_READY`; raises as :meth:`next` does."""
+        try:
+            item = self._recv.receive_nowait()
+        except trio.WouldBlock:
+            return NOT_READY
         except trio.EndOfChannel:
             raise StopAsyncIteration from None
         if isinstance(item, _Failure):
@@ -223,7 +239,10 @@ def create_app(
                                 predicted=item.predicted_reused_tokens, realised=item.reused_tokens,
                                 prompt_tokens=item.prompt_tokens,
                             )
-                        await channel.send(item)
+                        try:
+                            channel.send_nowait(item)  # no extra trip through trio's scheduler per token
+                        except trio.WouldBlock:
+                            await channel.send(item)
             if scope.cancelled_caught and outcome != "ok":
                 outcome = "cancelled"
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -438,7 +457,7 @@ async def _sse(stream: _Stream, first: Any, kind: str, model_id: str, limits: Ap
     offset = 0
 
     def event(payload: dict[str, Any]) -> bytes:
-        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+        return _sse_event(payload)
 
     def chunk(text: str | None, finish: str | None, role: bool = False, logprobs: Sequence[TokenLogprob] = (),
               calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -459,9 +478,22 @@ async def _sse(stream: _Stream, first: Any, kind: str, model_id: str, limits: Ap
             choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
         return {"id": rid, "object": obj, "created": created, "model": model_id, "choices": [choice]}
 
+    # The chunk of a token's text without logprobs, the one sent per token:
+    # its bytes around the text are the same every time, so only the text is encoded.
+    def text_payload(text: str) -> dict[str, Any]:
+        nonlocal offset
+        before = offset
+        payload = chunk(text, None)
+        offset = before  # the caller advances it when the chunk is sent
+        return payload
+
+    text_event = _SseTextChunk(text_payload)
+    # Events of items that are already here go out together, in one write
+    # (the same bytes, fewer trips through the server): see _Stream.next_nowait.
+    ready: list[bytes] = []
     try:
         if kind == "chat":
-            yield event(chunk(None, None, role=True))
+            ready.append(event(chunk(None, None, role=True)))
         item = first
         held: list[Any] = []
         try:
@@ -471,31 +503,69 @@ async def _sse(stream: _Stream, first: Any, kind: str, model_id: str, limits: Ap
                     if hold:
                         finish, call = _finish_and_calls(item, req)
                         if call is not None:
-                            yield event(chunk(None, None, calls=[{"index": 0, **call.as_dict()}], logprobs=item.logprobs))
+                            ready.append(event(chunk(None, None, calls=[{"index": 0, **call.as_dict()}], logprobs=item.logprobs)))
                         elif item.text:
-                            yield event(chunk(item.text, None, logprobs=item.logprobs))
+                            ready.append(event(chunk(item.text, None, logprobs=item.logprobs)))
                     final = chunk(None if kind == "chat" else "", finish)
                     final["usage"] = _usage(item)
                     final["p2pinfer"] = _routing_facts(item)
-                    yield event(final)
+                    ready.append(event(final))
                     if req.include_usage:
-                        yield event({"id": rid, "object": obj, "created": created, "model": model_id, "choices": [],
-                                     "usage": _usage(item)})
+                        ready.append(event({"id": rid, "object": obj, "created": created, "model": model_id,
+                                            "choices": [], "usage": _usage(item)}))
                     break
                 if hold:
                     held.append(item)
-                elif item.text or (params.logprobs and item.logprobs):
-                    yield event(chunk(item.text, None, logprobs=item.logprobs))
-                item = await stream.next()
+                elif params.logprobs and item.logprobs:
+                    ready.append(event(chunk(item.text, None, logprobs=item.logprobs)))
+                elif item.text:
+                    if kind == "text":
+                        offset += len(item.text)
+                    ready.append(text_event(item.text))
+                item = stream.next_nowait()
+                if item is NOT_READY:
+                    if ready:
+                        yield b"".join(ready)
+                        ready = []
+                    item = await stream.next()
         except StopAsyncIteration:
             pass
         except Exception as exc:  # noqa: BLE001
             err = _translate(exc, limits)
-            yield event(err.body())
-        yield b"data: [DONE]\n\n"
+            ready.append(event(err.body()))
+        ready.append(b"data: [DONE]\n\n")
+        yield b"".join(ready)
     finally:
         with trio.CancelScope(shield=True):
             await stream.aclose()
+
+
+def _sse_event(payload: dict[str, Any]) -> bytes:
+    """One server-sent event carrying ``payload`` as compact JSON."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+class _SseTextChunk:
+    """``_sse_event(build(text))`` for a chunk whose only varying part is its text, encoding only the text.
+
+    The bytes before and after the text's JSON string are taken once from
+    ``build(SLOT)``, so each call is byte for byte ``_sse_event(build(text))``
+    (the test checks it) at the cost of one ``json.dumps`` of a string.
+    """
+
+    SLOT = "\u2063p2pinfer-text-slot\u2063"
+
+    def __init__(self, build: Callable[[str], dict[str, Any]]) -> None:
+        self._build = build
+        whole = _sse_event(build(self.SLOT))
+        slot = json.dumps(self.SLOT).encode()
+        self._split = whole.split(slot) if whole.count(slot) == 1 else None  # None: the slot's text is elsewhere too
+
+    def __call__(self, text: str) -> bytes:
+        if self._split is None:
+            return _sse_event(self._build(text))
+        head, tail = self._split
+        return head + json.dumps(text).encode() + tail
 
 
 def metrics_snapshot(node: Node) -> dict[str, Any]:
