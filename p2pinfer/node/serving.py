@@ -282,6 +282,7 @@ class NodeServing:
                 event = DeadlinePassed(str(exc))
             if not attempt.local:
                 attempt.path = facts.get("path")  # type: ignore[assignment]
+                attempt.stream_bytes = int(facts.get("stream_bytes", 0))  # type: ignore[call-overload]
             actions.extend(life.handle(event, time.monotonic()))
         served = life.current
         total = time.perf_counter() - t0
