@@ -306,6 +306,39 @@ class Controller:
 
         self.node.relay.taps[:] = [tap]
 
+    async def cmd_traffic_tap(self, _id: Any) -> None:
+        """Start counting what this node writes per connection and cause (:mod:`.traffic_tap`),
+        and the chunks it copies as a relay, per direction."""
+        from . import traffic_tap
+
+        traffic_tap.install(self.node.host)
+        chunks = self._relay_chunks = {}
+
+        def tap(src: str, dst: str, data: bytes) -> None:
+            entry = chunks.setdefault(f"{src}>{dst}", {"chunks": 0, "bytes": 0, "sizes": {}})
+            entry["chunks"] += 1
+            entry["bytes"] += len(data)
+            size = str(len(data))
+            entry["sizes"][size] = entry["sizes"].get(size, 0) + 1
+
+        self.node.relay.taps[:] = [tap]
+
+    async def cmd_traffic(self, _id: Any) -> dict[str, Any]:
+        from . import traffic_tap
+
+        m = self.node.membership
+        now = time.monotonic()
+        return {
+            "now": now,
+            "by_peer": traffic_tap.read(),
+            "tap_debug": {k: len(v) for k, v in traffic_tap._state.items() if hasattr(v, "__len__")} | {"errors": traffic_tap._state.get("errors", [])[:5]},
+            "relay_chunks": getattr(self, "_relay_chunks", {}),
+            "keepalive_wanted": m.keepalive_wanted(),
+            "connections_changed_ago_s": round(now - m._connections_changed_at, 3),
+            "view_not_connected": [s.peer_id for s in self.node.router.view if s.peer_id not in m._connected],
+            "view": [s.peer_id for s in self.node.router.view],
+        }
+
     async def cmd_relay_captured(self, _id: Any) -> dict[str, Any]:
         captured = getattr(self, "_captured", bytearray())
         return {"hex": bytes(captured).hex(), "bytes": len(captured)}

@@ -38,6 +38,8 @@ class NodeCounters:
     frames_rejected: int = 0
     streams_refused: int = 0
     """Generate streams refused because their peer had ``max_streams_per_peer`` open."""
+    pubsub_relayed_refused: int = 0
+    """Pubsub streams not opened because the peer was reachable only through a relay (``CountingPubsub``)."""
     peers_distrusted: int = 0
     """Sanctions this node imposed on peers (a cache that was not there, or wrong tokens)."""
     answers_checked: Counter[str] = field(default_factory=Counter)

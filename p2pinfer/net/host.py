@@ -184,6 +184,28 @@ class CountingPubsub(Pubsub):
 
     counters: NodeCounters | None = None
 
+    async def _handle_new_peer(self, peer_id: Any) -> None:
+        """No pubsub stream to a peer reached only through a relay (gossip never needs one:
+        :meth:`p2pinfer.node.nat.NodeNat._pubsub_watch`).
+
+        py-libp2p 0.8.1 opens a pubsub stream on every new connection, and when one
+        ends while the peer is still connected (``_handle_dead_peer``) it opens a new
+        one at once. The watch closed each stream over a relayed connection every
+        0.5 s and py-libp2p reopened it: two new streams a second each way, each with
+        its hello (subscriptions, signed peer record), a model announcement replayed
+        from the message cache and a GRAFT, about 3.9 KB/s through the relay for
+        every relayed pair of an idle swarm (issue 17, docs/results/issue17-relay-idle).
+        Refused here, the retry loop ends; a direct connection (a hole punch) opens
+        the stream as before (pubsub asks again on each new connection)."""
+        from .connections import connections_of, is_relayed
+
+        conns = connections_of(self.host, peer_id)
+        if conns and all(is_relayed(c) for c in conns):
+            if self.counters is not None:
+                self.counters.pubsub_relayed_refused += 1
+            return
+        await super()._handle_new_peer(peer_id)
+
     async def continuously_read_stream(self, stream: Any) -> None:
         try:
             await super().continuously_read_stream(stream)

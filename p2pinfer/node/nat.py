@@ -163,7 +163,10 @@ class NodeNat:
         every new connection) is closed, so the relay carries forwards and
         RTT probes only; when a hole punch gives a direct connection, the
         stream comes back by itself (pubsub opens one on each new
-        connection to a peer it does not have). And py-libp2p's pubsub forgets a peer only
+        connection to a peer it does not have). py-libp2p 0.8.1 reopens a
+        closed stream at once while the peer is still connected: that is
+        refused in ``CountingPubsub._handle_new_peer`` (without it the two
+        churned a stream every 0.5 s, 3.9 KB/s per idle relayed pair). And py-libp2p's pubsub forgets a peer only
         when its *last* connection closes: a stream left on a connection
         that closed (the relayed one, after a hole punch) is dead while the
         peer stays, so it is reopened too.
