@@ -294,13 +294,13 @@ class EngineQueue:
                 self.ms_per_token = max(1e-3, ms_per_token)
                 self.speed_measured = True
 
-    def saving_reply(self, ticket: Ticket, tokens: int, now: float | None = None) -> None:
-        """Its answer is done and its reply's ``tokens`` are being evaluated
+    def saving_reply(self, ticket: Ticket, reply: Sequence[int], now: float | None = None) -> None:
+        """Its answer is done and its ``reply`` tokens are being evaluated
         again (prefill work, in its slot): they count as queued prefill, and
         its slot is expected to free once they are done, until :meth:`finish`."""
         if ticket.finished:
             return
-        tokens = max(0, tokens)
+        tokens = len(reply)
         self._count(ticket, tokens - ticket.estimate)
         ticket.estimate = tokens
         if now is not None:

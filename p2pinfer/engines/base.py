@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal
 from ..core.blocks import ModelFingerprint
 from ..core.peers import Load
 from ..core.radix import RadixTree
+from .reply_saves import ReplySaves
 
 __all__ = [
     "ChatMessage",
@@ -202,6 +203,9 @@ class Engine(ABC):
     """
 
     name: ClassVar[str] = "abstract"
+    reply_saves: ReplySaves | None = None
+    """Replies saved for the next turn after their requests ended (``/status``,
+    ``/metrics``); None for an engine that saves none."""
 
     @classmethod
     def create(cls, **options: Any) -> Engine:
@@ -314,10 +318,13 @@ class Engine(ABC):
 
     def describe(self) -> dict[str, Any]:
         """Facts for /status and benchmark output."""
-        return {
+        out: dict[str, Any] = {
             "engine": self.name,
             "model": self.model_name,
             "fingerprint": self.fingerprint.hex(),
             "context_size": self.context_size,
             "cached_tokens": self.cache.total_tokens,
         }
+        if self.reply_saves is not None:
+            out["reply_saves"] = self.reply_saves.as_dict()
+        return out

@@ -129,13 +129,13 @@ def test_a_reply_being_saved_counts_as_queued_prefill_and_holds_its_slot() -> No
     q.start(t, 0)
     q.prefilled(t, 20, now=0.0)
     assert q.load(0.0).queued_prefill_tokens == 0 and q.load(0.0).slot_wait_ms == 5000.0  # 500 tokens at 10 ms
-    q.saving_reply(t, 150, now=1.0)  # its answer ended at 1 s
+    q.saving_reply(t, [7] * 150, now=1.0)  # its answer ended at 1 s
     load = q.load(1.0)
     assert (load.queued_prefill_tokens, load.free_slots, load.slot_wait_ms) == (150, 0, pytest.approx(300.0))
     assert load.wait_ms() == pytest.approx(300.0)
     q.finish(t)
     assert (q.load(1.3).queued_prefill_tokens, q.load(1.3).free_slots) == (0, 1)
-    q.saving_reply(t, 150, now=1.3)  # after finish (a late event): ignored
+    q.saving_reply(t, [7] * 150, now=1.3)  # after finish (a late event): ignored
     assert q.load(1.3).queued_prefill_tokens == 0
 
 
