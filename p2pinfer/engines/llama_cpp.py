@@ -25,8 +25,9 @@ thread, the slot loop (:mod:`~p2pinfer.engines.slot_loop`), owns the
 context and steps every slot, one prompt chunk then one decode step for
 all decoding slots, and so on. This module is the trio side: admission
 (first come first served into free slots, except that a request waits for
-a prompt in prefill that will cache more of its prefix than the cache holds
-now), the prefix cache and the queue accounting. The two sides meet only
+a prompt in prefill, or a reply being saved, that will cache more of its
+prefix than the cache holds now), the prefix cache and the queue
+accounting. The two sides meet only
 in :class:`~p2pinfer.engines.slot_loop.SlotJob`: the engine submits jobs,
 the loop posts events back, which a trio callback handles at once
 (whatever the request's consumer is doing) before handing them to the
@@ -560,14 +561,18 @@ class LlamaCppEngine(Engine):
     def _admit(self) -> None:
         """Start waiting requests while slots are free, first come first served.
 
-        A request whose prompt shares more with a prompt still in prefill
-        (or waiting ahead of it) than the cache holds waits for that prefill:
-        it will then restore the prefix instead of computing it a second
-        time in parallel. Others go past it.
+        A request whose prompt shares more with what work in a slot will
+        cache than the cache holds now (a prompt still in prefill, or waiting
+        ahead of it; prompt + reply of an answer whose reply is being saved)
+        waits for that work: it will then restore the prefix instead of
+        computing it a second time in parallel. So a conversation's next
+        turn, sent the moment the previous answer's stream ended, reuses
+        that reply as if it had come later. Others go past it.
         """
         if self._closed:
             return
         ahead: list[list[int]] = [r.tokens for r in self._running if r.in_prefill and r.cached]
+        ahead += [r.reply_path for r in self._running if r.reply_path is not None and not r.ended]
         for req in list(self._waiting):
             if not self.queue.can_start():
                 break

@@ -139,6 +139,26 @@ def test_a_reply_being_saved_counts_as_queued_prefill_and_holds_its_slot() -> No
     assert q.load(1.3).queued_prefill_tokens == 0
 
 
+def test_a_next_turn_arriving_while_the_reply_is_saved_counts_only_what_goes_past_prompt_and_reply() -> None:
+    """The next turn (prompt + reply + its own message) arrives while the
+    previous answer's reply is saved: the engine makes it wait for the save
+    and it then restores prompt and reply, so its own estimate is its new
+    message only, while the load still counts the save's tokens ahead of it."""
+    q = EngineQueue(ms_per_token=2.0, slots=2, decode_ms_per_token=10.0)
+    prompt, reply = list(range(100)), list(range(1000, 1064))
+    t = q.admit(prompt, cached=0, max_tokens=64)
+    q.start(t, 0)
+    q.prefilled(t, 100, now=0.0)
+    q.saving_reply(t, reply, now=1.0)
+    assert q.load(1.0).queued_prefill_tokens == 64  # what the save has to evaluate
+    nxt = q.admit(prompt + reply + [5] * 30, cached=100, max_tokens=16)
+    assert nxt.estimate == 30  # only its own message: prompt and reply will be cached
+    load = q.load(1.0)
+    assert load.queued_prefill_tokens == 64 + 30 and load.wait_ms() == pytest.approx(2.0 * 94)
+    q.finish(t)
+    assert q.load(1.2).queued_prefill_tokens == 30 and len(q.ahead) == 1
+
+
 def test_a_check_is_background_work_it_holds_a_slot_but_is_not_in_the_queued_prefill_a_request_waits_for() -> None:
     q = EngineQueue(ms_per_token=2.0, slots=2, decode_ms_per_token=10.0)
     prompt = list(range(100))

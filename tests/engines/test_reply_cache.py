@@ -337,3 +337,38 @@ def test_a_reader_gone_after_the_last_token_does_not_stop_the_save(engines: tupl
     assert warm.reply_saves.count == before + 1 and warm.load().active_requests == 0
     nxt = warm.chat_tokens([*history, {"role": "assistant", "content": text}, {"role": "user", "content": "More."}])
     assert warm.cache.match(nxt, touch=False) == len(prompt) + len(ids) + len(warm.chat_reply.tail)
+
+
+def test_a_next_turn_sent_as_the_stream_ends_waits_for_the_save_and_reuses_prompt_and_reply(
+    engines: tuple[Any, Any],
+) -> None:
+    """The client sends the next turn the moment the previous answer's stream
+    ended, while its reply is still being saved: the engine holds it until the
+    save ends (a slot is free), then it restores prompt and reply, exactly what
+    it reuses when sent later, and answers as a cold engine does."""
+    warm, cold = engines
+    warm.cache.clear()
+    cold.cache.clear()
+    history = [SYSTEM, {"role": "user", "content": "Write two lines about the sea."}]
+    prompt = warm.chat_tokens(history)
+
+    async def main() -> tuple[list[int], list[int], int, int, list[int], str, GenerationRecord]:
+        ids, text, first = await _run(warm, prompt, 64)
+        nxt = warm.chat_tokens([*history, {"role": "assistant", "content": text},
+                                {"role": "user", "content": "Tell me more."}])
+        cached_when_sent = warm.cache.match(nxt, touch=False)
+        saving_when_sent = warm.reply_saves.in_progress
+        again, again_text, hit = await _run(warm, nxt, 24)
+        return ids, nxt, cached_when_sent, saving_when_sent, again, again_text, hit
+
+    ids, nxt, cached_when_sent, saving_when_sent, again, again_text, hit = trio.run(main)
+    previous = len(prompt) + len(ids) + len(warm.chat_reply.tail)
+    assert nxt[:previous] == prompt + ids + list(warm.chat_reply.tail)
+    # Sent while the reply was being saved: the cache held the prompt only...
+    assert saving_when_sent == 1 and cached_when_sent == len(prompt), (saving_when_sent, cached_when_sent)
+    # ...and yet it reused prompt and reply, as a turn sent after the save does.
+    assert hit.reused_tokens == previous, (hit.reused_tokens, previous)
+    fresh, fresh_text, miss = trio.run(_run, cold, nxt, 24)
+    assert miss.reused_tokens == 0
+    assert again == fresh and again_text == fresh_text and fresh
+    trio.run(warm.wait_reply_saves)
