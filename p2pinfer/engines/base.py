@@ -10,7 +10,7 @@ kept equal to what the engine really holds, and its load.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -315,6 +315,13 @@ class Engine(ABC):
         The node reports it: ``/health`` answers 503, and the node says it is
         busy so that peers stop sending it work."""
         return None
+
+    def watch_reply_saves(self, listener: Callable[[Sequence[int], bool], None]) -> None:
+        """Call ``listener(path, True)`` when a reply starts being saved after its
+        request ended (``path``: prompt + reply as the cache will hold them) and
+        ``listener(path, False)`` once the save ended (the reply in the cache by
+        then, or not at all), so that the node can list ``path`` in its digest
+        meanwhile as a prompt in service. An engine that saves no replies never calls it."""
 
     def describe(self) -> dict[str, Any]:
         """Facts for /status and benchmark output."""

@@ -267,6 +267,7 @@ class LlamaCppEngine(Engine):
         self.replies_cached = 0
         """Generations whose reply joined the cache."""
         self.reply_saves = ReplySaves()
+        self._reply_save_listeners: list[Callable[[Sequence[int], bool], None]] = []
         self.checks_scored = 0
         """Answer checks (:meth:`score`) that completed."""
         self.check_tokens_reused = 0
@@ -710,9 +711,11 @@ class LlamaCppEngine(Engine):
             req.saving_since = time.perf_counter()
             self.reply_saves.started()
             self.queue.saving_reply(req.ticket, event.tokens, now=req.saving_since)
+            self._tell_reply_save(req.reply_path, True)
         elif isinstance(event, (Finished, Failed)):
             if req.reply_path is not None:
                 self._reply_saved(req, event)
+                self._tell_reply_save(req.reply_path, False)  # after the insert: its blocks stay listed
             elif isinstance(event, Finished):
                 self._decode_measured(event)
                 if event.reply_failed:  # it failed before its save started
@@ -720,6 +723,16 @@ class LlamaCppEngine(Engine):
                     self.reply_saves.ended(event.reply_s, failed=True, started=False)
             self._end(req)
             req.saved.set()
+
+    def watch_reply_saves(self, listener: Callable[[Sequence[int], bool], None]) -> None:
+        self._reply_save_listeners.append(listener)
+
+    def _tell_reply_save(self, path: list[int], saving: bool) -> None:
+        for listener in self._reply_save_listeners:
+            try:
+                listener(path, saving)
+            except Exception:
+                log.exception("a reply save listener failed")
 
     def _decode_measured(self, event: SavingReply | Finished) -> None:
         if event.decode_steps >= 2:

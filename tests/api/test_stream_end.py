@@ -1,6 +1,6 @@
 """A streamed answer ends with its last token, not after its reply is saved (issue 18), on a
-real llama.cpp node: the SSE stream's [DONE] arrives while the node still saves the reply, and
-a next turn sent at once reuses prompt and reply."""
+real llama.cpp node: the SSE stream's [DONE] arrives while the node still saves the reply (its
+digest lists prompt and reply meanwhile), and a next turn sent at once reuses prompt and reply."""
 
 from __future__ import annotations
 
@@ -51,12 +51,14 @@ async def test_the_sse_stream_ends_before_the_reply_is_saved_and_the_next_turn_s
                             last = time.perf_counter()
                         facts = chunk.get("p2pinfer", facts)
                         usage = chunk.get("usage") or usage
-                saves_at_done = http.get("/status").json()["engine"]["reply_saves"]
+                at_done = http.get("/status").json()
+                saves_at_done, blocks_at_done = at_done["engine"]["reply_saves"], at_done["digest"]["blocks"]
                 while (saves := http.get("/status").json()["engine"]["reply_saves"])["in_progress"]:
                     time.sleep(0.005)
                 saved = time.perf_counter()
             return {"text": "".join(text), "facts": facts, "usage": usage, "stream_end_s": done - last,
-                    "save_s": saved - last, "saves_at_done": saves_at_done, "saves": saves}
+                    "save_s": saved - last, "saves_at_done": saves_at_done, "saves": saves,
+                    "blocks_at_done": blocks_at_done}
 
         first = await trio.to_thread.run_sync(first_turn)
         assert first["facts"] is not None and "reply_save_ms" not in first["facts"]
@@ -66,6 +68,9 @@ async def test_the_sse_stream_ends_before_the_reply_is_saved_and_the_next_turn_s
         assert first["saves"]["count"] == 1 and first["saves"]["errors"] == 0 and first["saves"]["last_ms"] > 0
 
         tail = len(node.engine.chat_reply.tail)  # type: ignore[attr-defined]
+        previous = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] + tail
+        # Meanwhile the digest listed prompt and reply as in service: peers could route the next turn here.
+        assert first["blocks_at_done"] == previous // node.router.hasher.block_size, (first, previous)
         history = [*HISTORY, {"role": "assistant", "content": first["text"]}, {"role": "user", "content": "Go on."}]
 
         def turn(messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
@@ -78,4 +83,4 @@ async def test_the_sse_stream_ends_before_the_reply_is_saved_and_the_next_turn_s
         assert again["choices"][0]["message"]["content"] == first["text"]
         second = await trio.to_thread.run_sync(turn, history, 8)
         reused = second["p2pinfer"]["reused_tokens"]
-        assert reused == first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] + tail, (second, first["usage"])
+        assert reused == previous, (second, first["usage"])

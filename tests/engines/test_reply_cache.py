@@ -274,6 +274,9 @@ def test_the_stream_ends_before_the_reply_is_saved() -> None:
     from p2pinfer.engines.llama_cpp import LlamaCppEngine
 
     engine = LlamaCppEngine(context_size=1024, slots=1, threads=1, cache_tokens=8192)
+    told: list[tuple[bool, int, int]] = []
+    """What a reply save listener (the node's digest) heard: (saving, path length, cached of the path then)."""
+    engine.watch_reply_saves(lambda path, saving: told.append((saving, len(path), engine.cache.match(path, touch=False))))
     try:
         prompt = engine.chat_tokens([SYSTEM, {"role": "user", "content": "Write a long story about a dragon and a knight."}])
 
@@ -305,6 +308,9 @@ def test_the_stream_ends_before_the_reply_is_saved() -> None:
         # Its own work and its wall time (from the record's side: they start a hair apart), within what the test saw.
         assert saves.last_s and saves.last_wall_s and max(saves.last_s, saves.last_wall_s) <= save + 0.05
         assert engine.replies_cached == 1
+        # The listener heard of the save as it started (prompt cached, reply not yet) and once the reply was in.
+        path = len(prompt) + tokens
+        assert told == [(True, path, len(prompt)), (False, path, path)], told
     finally:
         trio.run(engine.aclose)
 
