@@ -316,6 +316,10 @@ class Engine(ABC):
         busy so that peers stop sending it work."""
         return None
 
+    async def wait_reply_saves(self) -> None:
+        """Until no reply is being saved (those started before or while this waits): a
+        benchmark that times one request after another waits here between them, untimed."""
+
     def watch_reply_saves(self, listener: Callable[[Sequence[int], bool], None]) -> None:
         """Call ``listener(path, True)`` when a reply starts being saved after its
         request ended (``path``: prompt + reply as the cache will hold them) and

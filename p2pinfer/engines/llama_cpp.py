@@ -549,7 +549,6 @@ class LlamaCppEngine(Engine):
         )
 
     async def wait_reply_saves(self) -> None:
-        """Until no reply is being saved (those started before or while this waits)."""
         while True:
             self._adopt_orphans()  # a save whose request's trio run has ended posts there
             saving = [r for r in self._running if r.reply_path is not None and not r.ended]
