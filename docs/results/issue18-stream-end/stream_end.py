@@ -27,7 +27,7 @@ def start(src: str, port: int, tmp: str) -> subprocess.Popen:
                            env=dict(os.environ, PYTHONPATH=src), capture_output=True, text=True, check=True).stdout.strip()
     cmd = [PY, "-m", "p2pinfer", "node", "--engine", "llama-cpp", "--listen", "/ip4/127.0.0.1/tcp/0",
            "--http-host", "127.0.0.1", "--http-port", str(port), "--key-file", f"{tmp}/node{port}.key", "--quiet",
-           "--log-level", "WARNING", "--model", model, "--threads", "2", "--context", "4096", "--slots", "8"]
+           "--log-level", "WARNING", "--model", model, "--threads", "2", "--context-size", "4096", "--slots", "8"]
     p = subprocess.Popen(cmd, cwd=src, env=dict(os.environ, PYTHONPATH=src), stdout=open(f"{tmp}/node{port}.log", "wb"),
                          stderr=subprocess.STDOUT, start_new_session=True)
     for _ in range(240):
