@@ -126,7 +126,8 @@ def llama_cpp_info() -> dict[str, Any]:
     try:
         import llama_cpp
     except Exception as exc:  # not installed, or its shared library does not load here
-        return {"installed": False, "error": f"{type(exc).__name__}: {exc}",
+        return {"installed": False, "error": f"{type(exc).__name__}: {exc}", "system_info": None,
+                "gpu_offload": False,
                 "hint": "pip install 'p2pinfer[llama]' (see the README's Hardware section for GPU builds)"}
     from .engines.llama_runtime import _init_backend
 

@@ -172,20 +172,17 @@ class _Stream:
 Spawn = Callable[..., None]
 
 
-def create_app(
-    node: Node,
-    spawn: Spawn,
-    metrics: NodeMetrics | None = None,
-    limits: ApiLimits | None = None,
-    keys: ApiKeys | None = None,
-) -> Starlette:
-    """``spawn(fn, *args)`` starts a task in a nursery that outlives requests.
+class _OpenAIRoutes:
+    """The API's request handlers over one node: body limits, model names,
+    admission, and the producer task that drives a generation for a response."""
 
-    With ``keys``, every route needs ``Authorization: Bearer <key>`` (or the
-    dashboard's session cookie) except the keys' open routes (:mod:`.auth`)."""
-    limits = limits or ApiLimits()
-    metrics = metrics or NodeMetrics(lambda: metrics_snapshot(node))
+    def __init__(self, node: Node, spawn: Spawn, metrics: NodeMetrics, limits: ApiLimits) -> None:
+        self.node = node
+        self.spawn = spawn
+        self.metrics = metrics
+        self.limits = limits
 
+    @staticmethod
     async def read_body(request: Request) -> dict[str, Any]:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -200,8 +197,9 @@ def create_app(
             raise ApiError(400, "client disconnected while sending the body") from None
         return parse_json_body(bytes(raw))
 
-    def resolve_model(model: str | None) -> str:
+    def resolve_model(self, model: str | None) -> str:
         """The fingerprint the request's ``model`` names (alias or fingerprint); 404 if the swarm has none."""
+        node = self.node
         if model in (None, "", "default"):
             return node.router.fingerprint_hex
         found = node.swarm_models.resolve(model, time.monotonic())
@@ -211,13 +209,14 @@ def create_app(
                            param="model", code="model_not_found")
         return found
 
-    def admit() -> None:
+    def admit(self) -> None:
+        limits = self.limits
         if limits.active >= limits.max_concurrent:
             raise ApiError(503, f"this node has {limits.active} requests in flight (limit {limits.max_concurrent})",
                            type="server_error", code="overloaded", retry_after_s=limits.retry_after_s)
 
-    async def run(prompt: Any, req: CompletionRequest | ChatRequest, model: str, channel: trio.MemorySendChannel[Any],
-                  scope: trio.CancelScope) -> None:
+    async def run(self, prompt: Any, req: CompletionRequest | ChatRequest, model: str,
+                  channel: trio.MemorySendChannel[Any], scope: trio.CancelScope) -> None:
         """Producer task: drives the node's stream into ``channel``.
 
         It runs in the server's nursery, not in the response's task, because
@@ -225,11 +224,12 @@ def create_app(
         left by one task. The consumer cancels ``scope`` when the client
         goes away, which closes the node's stream and frees the engine.
         """
+        limits, metrics = self.limits, self.metrics
         limits.active += 1
         outcome = "error"
         try:
             with scope:
-                async with aclosing(node.generate(prompt, req.params, model=model)) as items:
+                async with aclosing(self.node.generate(prompt, req.params, model=model)) as items:
                     async for item in items:
                         if not isinstance(item, TokenChunk):
                             outcome = "ok"
@@ -260,87 +260,104 @@ def create_app(
             if outcome != "ok":
                 metrics.observe(outcome=outcome)
 
-    async def start(prompt: Any, req: CompletionRequest | ChatRequest, model: str) -> _Stream:
+    async def start(self, prompt: Any, req: CompletionRequest | ChatRequest, model: str) -> _Stream:
         send, recv = trio.open_memory_channel[Any](64)
         scope = trio.CancelScope()
-        spawn(run, prompt, req, model, send, scope)
+        self.spawn(self.run, prompt, req, model, send, scope)
         return _Stream(recv, scope)
 
-    async def respond(request: Request, kind: str) -> Response:
+    async def respond(self, request: Request, kind: str) -> Response:
         try:
-            body = await read_body(request)
+            body = await self.read_body(request)
             req: CompletionRequest | ChatRequest = parse_completion(body) if kind == "text" else parse_chat(body)
-            model = resolve_model(req.model)
-            admit()
+            model = self.resolve_model(req.model)
+            self.admit()
             prompt: Any = req.prompt if isinstance(req, CompletionRequest) else list(req.messages)
             if isinstance(req, ChatRequest) and req.tools is not None and req.tools.choice != "none":
                 from ..node import ToolPrompt
 
                 prompt = ToolPrompt(prompt, req.tools.tools)  # the template (or an instruction) shows them
-            stream = await start(prompt, req, model)
+            stream = await self.start(prompt, req, model)
             try:
                 first = await stream.next()
             except BaseException:
                 await stream.aclose()
                 raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error
-            return _error_response(_translate(exc, limits))
-        name = node.swarm_models.alias_of(model)
+            return _error_response(_translate(exc, self.limits))
+        name = self.node.swarm_models.alias_of(model)
         if req.stream:
             return StreamingResponse(
-                _sse(stream, first, kind, name, limits, req),
+                _sse(stream, first, kind, name, self.limits, req),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        return await _whole(stream, first, kind, name, limits, req)
+        return await _whole(stream, first, kind, name, self.limits, req)
 
-    async def completions(request: Request) -> Response:
-        return await respond(request, "text")
+    async def completions(self, request: Request) -> Response:
+        return await self.respond(request, "text")
 
-    async def chat(request: Request) -> Response:
-        return await respond(request, "chat")
+    async def chat(self, request: Request) -> Response:
+        return await self.respond(request, "chat")
 
-    async def models(request: Request) -> Response:
+    async def models(self, request: Request) -> Response:
         """Every model the swarm serves now, with how many nodes serve it (this one included)."""
         data = []
-        for m in node.swarm_models.models(time.monotonic()):
+        for m in self.node.swarm_models.models(time.monotonic()):
             facts: dict[str, Any] = {"fingerprint": m.fingerprint, "nodes": m.nodes, "served_here": m.served_here}
             if m.served_here:
-                facts["engine"] = node.engine.name
+                facts["engine"] = self.node.engine.name
             data.append({"id": m.alias, "object": "model", "created": 0, "owned_by": "p2pinfer", "p2pinfer": facts})
         return JSONResponse({"object": "list", "data": data})
 
-    async def status(request: Request) -> Response:
-        return JSONResponse(node.status())
+    async def status(self, request: Request) -> Response:
+        return JSONResponse(self.node.status())
 
-    async def prometheus(request: Request) -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    async def prometheus(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def health(request: Request) -> Response:
-        if (why := node.engine.failure) is not None:  # the process is up, but it cannot serve
-            return JSONResponse({"ok": False, "peer_id": node.peer_id, "error": why}, status_code=503)
-        return JSONResponse({"ok": True, "peer_id": node.peer_id})
+    async def health(self, request: Request) -> Response:
+        if (why := self.node.engine.failure) is not None:  # the process is up, but it cannot serve
+            return JSONResponse({"ok": False, "peer_id": self.node.peer_id, "error": why}, status_code=503)
+        return JSONResponse({"ok": True, "peer_id": self.node.peer_id})
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return JSONResponse(error_body(f"no route {request.method} {request.url.path}", "invalid_request_error",
-                                       code="not_found"), status_code=404)
 
-    async def method_not_allowed(request: Request, exc: Exception) -> Response:
-        return JSONResponse(error_body(f"{request.method} is not allowed on {request.url.path}",
-                                       "invalid_request_error", code="method_not_allowed"), status_code=405)
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return JSONResponse(error_body(f"no route {request.method} {request.url.path}", "invalid_request_error",
+                                   code="not_found"), status_code=404)
 
+
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
+    return JSONResponse(error_body(f"{request.method} is not allowed on {request.url.path}",
+                                   "invalid_request_error", code="method_not_allowed"), status_code=405)
+
+
+def create_app(
+    node: Node,
+    spawn: Spawn,
+    metrics: NodeMetrics | None = None,
+    limits: ApiLimits | None = None,
+    keys: ApiKeys | None = None,
+) -> Starlette:
+    """``spawn(fn, *args)`` starts a task in a nursery that outlives requests.
+
+    With ``keys``, every route needs ``Authorization: Bearer <key>`` (or the
+    dashboard's session cookie) except the keys' open routes (:mod:`.auth`)."""
+    limits = limits or ApiLimits()
+    metrics = metrics or NodeMetrics(lambda: metrics_snapshot(node))
+    api = _OpenAIRoutes(node, spawn, metrics, limits)
     sessions = DashboardSessions() if keys is not None and keys.enabled else None
     app = Starlette(
         routes=[
             *dashboard_routes(node, spawn, keys, sessions),
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/status", status, methods=["GET"]),
-            Route("/metrics", prometheus, methods=["GET"]),
-            Route("/health", health, methods=["GET"]),
+            Route("/v1/completions", api.completions, methods=["POST"]),
+            Route("/v1/chat/completions", api.chat, methods=["POST"]),
+            Route("/v1/models", api.models, methods=["GET"]),
+            Route("/status", api.status, methods=["GET"]),
+            Route("/metrics", api.prometheus, methods=["GET"]),
+            Route("/health", api.health, methods=["GET"]),
         ],
-        exception_handlers={404: not_found, 405: method_not_allowed},
+        exception_handlers={404: _not_found, 405: _method_not_allowed},
         middleware=[Middleware(AuthMiddleware, keys=keys, sessions=sessions)] if sessions is not None else [],
     )
     app.state.metrics = metrics

@@ -23,7 +23,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         holders: int = typer.Option(4, min=0, help="Peers that also cache a prefix of the prompt."),
         policy: str = typer.Option("cost", help="Routing policy to time."),
         iterations: int = typer.Option(2000, min=10, help="Decisions to time."),
-        secret: str = typer.Option("", help="Swarm secret: time keyed (BLAKE3) block hashes."),
+        swarm_secret: str = typer.Option("", help="Swarm secret: time keyed (BLAKE3) block hashes."),
         seed: int = typer.Option(1),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
@@ -33,7 +33,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if policy not in POLICIES:
             raise typer.BadParameter(f"choose from {', '.join(POLICIES)}", param_hint="--policy")
         result = run_route_bench(
-            peers, prompt_tokens, blocks_per_peer, holders, policy, iterations, seed, secret.encode() or None
+            peers, prompt_tokens, blocks_per_peer, holders, policy, iterations, seed, swarm_secret.encode() or None
         )
         from ..lab.provenance import with_provenance
 

@@ -76,7 +76,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         ),
         gpu_layers: Optional[int] = typer.Option(None, help="Layers to offload to the GPU (-1 = all)."),
         threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp."),
-        context_size: Optional[int] = typer.Option(None, "--context-size", "--context", help="Context size in tokens."),
+        context_size: Optional[int] = typer.Option(None, "--context-size", help="Context size in tokens."),
         cache_tokens: Optional[int] = typer.Option(None, help="Prefix-cache budget in tokens."),
         config: Optional[str] = typer.Option(None, "--config", help="TOML config file (also $P2PINFER_CONFIG), as for `p2pinfer node`."),
         engine_check: bool = typer.Option(True, "--engine-check/--no-engine-check", help="Try the engine in a child process."),

@@ -204,7 +204,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         http_host: Optional[str] = typer.Option(None, help="HTTP API address (default 127.0.0.1)."),
         http_port: Optional[int] = typer.Option(None, help="HTTP API port (default 8000; 0 = any free port)."),
         cache_tokens: Optional[int] = typer.Option(None, help="Prefix-cache budget in tokens."),
-        context_size: Optional[int] = typer.Option(None, "--context-size", "--context", help="Context size in tokens."),
+        context_size: Optional[int] = typer.Option(None, "--context-size", help="Context size in tokens."),
         threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp."),
         slots: Optional[int] = typer.Option(
             None, help="Requests the engine serves at once (continuous batching; default 4 on the CPU, 16 with offload)."
@@ -234,9 +234,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "a new peer's first answers are always checked).",
         ),
         key_file: Optional[str] = typer.Option(None, help="Identity key file (created if missing)."),
-        swarm_secret: Optional[str] = typer.Option(None, "--swarm-secret", "--secret", help="Swarm secret (keys the digests)."),
+        swarm_secret: Optional[str] = typer.Option(None, "--swarm-secret", help="Swarm secret (keys the digests)."),
         private_network: Optional[bool] = typer.Option(
-            None, "--private-network/--public-network", "--private/--public",
+            None, "--private-network/--public-network",
             help="Private swarm: libp2p pre-shared key from the swarm secret.",
         ),
         max_concurrent: Optional[int] = typer.Option(None, help="HTTP requests in flight before 503."),

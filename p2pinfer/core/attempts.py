@@ -169,6 +169,10 @@ class Attempt:
     path: str | None = None
     """``local``, or how the request reached the peer: ``direct``, ``hole-punched``
     or ``relayed`` (set by the driver; ``None`` when no stream was opened)."""
+    stream_bytes: int = 0
+    """Bytes of the forward stream's frames, request and answer, as this node
+    wrote and read them (set by the driver; 0 when served locally): what a relay
+    carries for a relayed forward, before Noise and yamux framing."""
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

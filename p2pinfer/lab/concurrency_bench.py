@@ -192,7 +192,7 @@ class P2pinferNode(ServerUnderTest):
         super().__init__()
         from .local_swarm import LocalSwarm
 
-        args = ["--model", model_path, "--threads", str(threads), "--context", str(context_size)]
+        args = ["--model", model_path, "--threads", str(threads), "--context-size", str(context_size)]
         if slots:
             args += ["--slots", str(slots)]
         self._swarm = LocalSwarm(1, engine="llama-cpp", node_args=args).start()

@@ -42,16 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from .idle_bench import IdleSwarm, cpu_seconds, measure_swarm, tcp_bytes_by_pid
-from ..stats import percentile
+from ..stats import mean, percentile, rounded
 from .provenance import with_provenance
 
 __all__ = ["run_directory_bench"]
 
 MODES = ("gossip", "directory")
-
-
-def _mean(values: list[float]) -> float | None:
-    return round(statistics.fmean(values), 1) if values else None
 
 
 def build_workload(n_nodes: int, requests: int, rate: float, seed: int, popularity: str = "zipf:1") -> tuple[list[Any], Any]:
@@ -170,8 +166,8 @@ def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float,
         "ttft_ms_p99": round(percentile(ttft, 99), 1) if ttft else None,
         "decision_ms_mean": round(statistics.fmean(decide), 2) if decide else None,
         "decision_ms_p99": round(percentile(decide, 99), 2) if decide else None,
-        "ttft_ms_mean_served_locally": _mean([r["ttft_s"] * 1000.0 for r in results if r["served_locally"]]),
-        "ttft_ms_mean_forwarded": _mean([r["ttft_s"] * 1000.0 for r in results if not r["served_locally"]]),
+        "ttft_ms_mean_served_locally": rounded(mean(r["ttft_s"] * 1000.0 for r in results if r["served_locally"]), 1),
+        "ttft_ms_mean_forwarded": rounded(mean(r["ttft_s"] * 1000.0 for r in results if not r["served_locally"]), 1),
         "checked_answers": sum(bool(a.get("check")) for r in results for a in r.get("attempts", [])),
         "held_answers": sum(bool(a.get("held_tokens")) for r in results for a in r.get("attempts", [])),
         "served_remote_share": round(sum(not r["served_locally"] for r in results) / max(1, len(results)), 3),

@@ -239,7 +239,10 @@ def _run(bed: NatTestbed, swarm: NatSwarm, rng: random.Random, *, requests: int,
     warmup = _probation_warmup(swarm, entries, holder, prefix, rng, suffix_tokens, max_tokens)
     rtts = {name: swarm.nodes[name].call("status")["peers"] for name in entries}
 
-    relay_before = {p: start_facts[p]["relay"]["bytes_relayed"] for p in publics}
+    # The idle window starts here, after the warm-up: counting from start_facts would put the
+    # hole punches and the warm-up's relayed forwards into "idle" bytes over a 10 s window.
+    pre_idle = swarm.nat()
+    relay_before = {p: pre_idle[p]["relay"]["bytes_relayed"] for p in publics}
     t_idle = time.monotonic()
     time.sleep(10)
     idle_facts = swarm.nat()
@@ -438,7 +441,7 @@ def _record(r: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
                         **{k: c[k] for k in ("predicted_match_tokens", "est_ttft_ms", "rtt_ms", "queue_ms", "prefill_ms")}}
                        for c in decision.get("candidates", [])],
         "attempts": [(a["target"][-6:], a["outcome"], a["path"], (a.get("message") or "")[:200], a.get("check", ""),
-                      a.get("held_tokens", 0)) for a in r.get("attempts", [])],
+                      a.get("held_tokens", 0), a.get("stream_bytes", 0)) for a in r.get("attempts", [])],
     }
 
 
@@ -471,6 +474,10 @@ def _report(bed: NatTestbed, swarm: NatSwarm, holder: str, records: list[dict[st
     added_p50 = {p: None if not direct else round(_p(v, 50) - _p(direct, 50), 3) for p, v in by_path.items() if p != "direct"}
     added_p90 = {p: None if not direct else round(_p(v, 90) - _p(direct, 90), 3) for p, v in by_path.items() if p != "direct"}
     relayed_requests = sum(1 for r in ok if r.get("path") == "relayed")
+    # What each relayed forward put on its circuit, counted by the entry on the stream itself (request
+    # and answer frames; the relay adds Noise and yamux framing), so the relays' idle traffic is not in it.
+    relayed_stream_bytes = [sum(a.get("stream_bytes", 0) for a in r["attempts"] if a.get("path") == "relayed")
+                            for r in ok if r.get("path") == "relayed"]
     # Paths between every pair of nodes, as each node names them.
     paths = {f"{a}->{swarm.names.get(p, p[:12])}": path for a, f in final.items() for p, path in f["paths"].items()}
     rtt = {}
@@ -526,6 +533,8 @@ def _report(bed: NatTestbed, swarm: NatSwarm, holder: str, records: list[dict[st
             "per_relayed_request": None if not relayed_requests else round(relay_bytes / relayed_requests),
             "per_relayed_request_less_idle": None if not relayed_requests
             else round((relay_bytes - idle_rate * phase_s) / relayed_requests),
+            "forward_stream_bytes_per_relayed_request_p50": _p(relayed_stream_bytes, 50),
+            "forward_stream_bytes_per_relayed_request_max": max(relayed_stream_bytes, default=None),
         },
         "reachable_after_start_s": reachable_after_start,
         "relay_kill": kill,

@@ -31,6 +31,7 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
+from libp2p.utils.varint import encode_uvarint
 
 from ..engines.base import (
     Engine,
@@ -343,7 +344,9 @@ class ForwardClient:
         """Yield the peer's chunks then its :class:`Done`.
 
         ``deadline`` is on the trio clock; ``facts["path"]`` is set to the
-        path (direct, hole-punched, relayed) of the stream the request went on. Raises :class:`RemoteError` for
+        path (direct, hole-punched, relayed) of the stream the request went on,
+        and ``facts["stream_bytes"]`` counts the frames written and read on it
+        (length prefixes included). Raises :class:`RemoteError` for
         an error record, :class:`ForwardFailed` when the forward was lost and
         :class:`DeadlineExceeded`.
         """
@@ -353,6 +356,7 @@ class ForwardClient:
             conn = pooled.pop() if pooled else await self._open(peer_id, deadline)
             if facts is not None and self._path_of_stream is not None:
                 facts["path"] = self._path_of_stream(peer_id, conn.stream)
+            counted = len(request) + len(encode_uvarint(len(request)))
             reusable = False
             started = False
             try:
@@ -361,6 +365,8 @@ class ForwardClient:
                         await write_frame(conn.stream, request)
                     except FrameError as exc:  # e.g. a pooled stream the peer has reset
                         raise ForwardFailed(f"cannot send to {peer_id}: {exc}") from None
+                    if facts is not None:
+                        facts["stream_bytes"] = counted
                     data = await self._read(conn, peer_id, deadline, started)
                 except ForwardFailed:
                     if reused:
@@ -371,6 +377,9 @@ class ForwardClient:
                     raise
                 while True:
                     started = True
+                    counted += len(data) + len(encode_uvarint(len(data)))
+                    if facts is not None:
+                        facts["stream_bytes"] = counted
                     try:
                         item = decode_response(data, peer_id)
                     except WireError as exc:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 import json
 import logging
 import random
@@ -64,6 +64,34 @@ from .results import GenerateResult, ModelUnavailable, NodeError, Prompt, Reques
 __all__ = ["NodeServing"]
 
 log = logging.getLogger("p2pinfer.node")
+
+
+@dataclass
+class _Answer:
+    """What the client has been given so far, over every try of one request."""
+
+    t0: float
+    """When the request entered (``time.perf_counter``)."""
+    tokens: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)
+    ttft: float | None = None
+
+    def accept(self, chunk: TokenChunk) -> None:
+        """A chunk the client gets (streamed, or released after its check): the answer so far grows."""
+        self.tokens.extend(chunk.token_ids)
+        self.text.append(chunk.text)
+        self.logprobs.extend(chunk.logprobs)
+        if self.ttft is None:
+            self.ttft = time.perf_counter() - self.t0
+
+
+@dataclass
+class _TryEnded:
+    """How one try ended: the lifecycle's event, and the serving engine's record when it completed."""
+
+    event: Event
+    record: GenerationRecord | None
 
 
 class NodeServing:
@@ -139,19 +167,8 @@ class NodeServing:
         decision, hashes = await self.route_tokens(tokens)
         decision_s = time.perf_counter() - t0
         life = self.new_attempts(decision, tokens, hashes, params.max_tokens, prefer)
-        out: list[int] = []
-        text: list[str] = []
-        logprobs: list[Any] = []
-        ttft: float | None = None
+        answer = _Answer(t0)
         record: GenerationRecord | None = None
-
-        def accept(chunk: TokenChunk, ttft: float | None) -> float:
-            """A chunk the client gets (streamed, or released after its check): the answer so far grows."""
-            out.extend(chunk.token_ids)
-            text.append(chunk.text)
-            logprobs.extend(chunk.logprobs)
-            return ttft if ttft is not None else time.perf_counter() - t0
-
         actions = deque(life.start())
         while actions:
             action = actions.popleft()
@@ -168,125 +185,188 @@ class NodeServing:
                 if action.reason == "deadline":
                     raise DeadlineExceeded(action.message)
                 raise RequestFailed(action.message, life.attempts)
-            # ForwardTo or ServeHere: one try, from the tokens produced so far.
-            if action.resume_from:
-                self.counters.resumed += 1
-            run_tokens = tokens + out
-            run_params = replace(params, max_tokens=params.max_tokens - action.resume_from)
-            attempt = life.current
-            facts: dict[str, object] = {}
-            if isinstance(action, ServeHere):
-                attempt.path = "local"
-                source = self.serve_here(run_tokens, run_params, deadline)
-            else:
-                wire = encode_request(
-                    request_id=request_id,
-                    tokens=run_tokens,
-                    params=run_params,
-                    hops=1,
-                    deadline_ms=int(max(0.0, deadline - trio.current_time()) * 1000) or 1,
-                    fingerprint=self.router.fingerprint_hex,
-                    predicted_match_tokens=action.predicted_match_tokens,
-                    origin=self.peer_id,
-                    resumed_tokens=action.resume_from,
-                )
-                source = self.forward_client.stream(action.peer, wire, deadline=deadline, facts=facts)
-            generated = 0
-            event: Event
-            check: CheckPlan = self._check_plan(action.peer, params) if isinstance(action, ForwardTo) else "none"
-            window = self.spot_checks.config.probation_hold_tokens if check == "hold" else 0
-            """Held tokens checked on their own before the rest streams (0: the whole answer is held)."""
-            held: list[TokenChunk] = []
-            """Chunks of an answer held back until they are checked."""
-            answer: list[int] = []
-            rejected: Verdict | None = None
-            """The failed check of a held window (the peer's stream is dropped there)."""
-            try:
-                async with aclosing(source) as items:
-                    async for item in items:
-                        if isinstance(item, TokenChunk):
-                            answer.extend(item.token_ids)
-                            if check == "hold":
-                                held.append(item)
-                                if not window or len(answer) < window:
-                                    continue
-                                assert isinstance(action, ForwardTo)
-                                verdict = await self._check_answer(action.peer, run_tokens, answer, params, deadline, final=False)
-                                if verdict is not None and not verdict.ok:
-                                    rejected = verdict
-                                    break
-                                # The window passed: it goes out, the rest streams and the
-                                # whole answer is checked at its end (the probation verdict).
-                                check = "after"
-                                life.current.held_tokens = len(answer)
-                                for chunk in held:
-                                    ttft = accept(chunk, ttft)
-                                    generated += len(chunk.token_ids)
-                                    yield chunk
-                                held = []
+            ended: _TryEnded | None = None
+            async with aclosing(self._try(life, action, tokens, answer, params, deadline, request_id)) as steps:
+                async for step in steps:
+                    if isinstance(step, TokenChunk):
+                        yield step
+                    else:
+                        ended = step
+            assert ended is not None
+            record = ended.record  # used only when this try completed the request
+            actions.extend(life.handle(ended.event, time.monotonic()))
+        yield self._result(life, decision, decision_s, tokens, hashes, answer, record, request_id, prefer)
+
+    async def _try(
+        self,
+        life: RequestAttempts,
+        action: ForwardTo | ServeHere,
+        tokens: list[int],
+        answer: _Answer,
+        params: GenerationParams,
+        deadline: float,
+        request_id: bytes,
+    ) -> AsyncIterator[TokenChunk | _TryEnded]:
+        """One try of ``action`` (serve here, or forward), from the tokens the client already has.
+
+        Yields the chunks the client may see (a checked window only once it
+        passed), then one :class:`_TryEnded` with the lifecycle's event.
+        """
+        if action.resume_from:
+            self.counters.resumed += 1
+        run_tokens = tokens + answer.tokens
+        run_params = replace(params, max_tokens=params.max_tokens - action.resume_from)
+        attempt = life.current
+        facts: dict[str, object] = {}
+        if isinstance(action, ServeHere):
+            attempt.path = "local"
+            source = self.serve_here(run_tokens, run_params, deadline)
+        else:
+            wire = encode_request(
+                request_id=request_id,
+                tokens=run_tokens,
+                params=run_params,
+                hops=1,
+                deadline_ms=int(max(0.0, deadline - trio.current_time()) * 1000) or 1,
+                fingerprint=self.router.fingerprint_hex,
+                predicted_match_tokens=action.predicted_match_tokens,
+                origin=self.peer_id,
+                resumed_tokens=action.resume_from,
+            )
+            source = self.forward_client.stream(action.peer, wire, deadline=deadline, facts=facts)
+        generated = 0
+        record: GenerationRecord | None = None
+        event: Event
+        check: CheckPlan = self._check_plan(action.peer, params) if isinstance(action, ForwardTo) else "none"
+        window = self.spot_checks.config.probation_hold_tokens if check == "hold" else 0
+        """Held tokens checked on their own before the rest streams (0: the whole answer is held)."""
+        held: list[TokenChunk] = []
+        """Chunks of an answer held back until they are checked."""
+        produced: list[int] = []
+        """Every token this try's source produced, held or not (what a check judges)."""
+        rejected: Verdict | None = None
+        """The failed check of a held window (the peer's stream is dropped there)."""
+        try:
+            async with aclosing(source) as items:
+                async for item in items:
+                    if isinstance(item, TokenChunk):
+                        produced.extend(item.token_ids)
+                        if check == "hold":
+                            held.append(item)
+                            if not window or len(produced) < window:
                                 continue
-                            ttft = accept(item, ttft)
-                            generated += len(item.token_ids)
-                            yield item
-                        elif isinstance(item, Done):
-                            record = item.record
-                        else:
-                            record = item
-                verdict = rejected
-                if rejected is None:
-                    assert record is not None
-                    event = AttemptDone(record.reused_tokens, generated)
-                    if check != "none" and answer:
-                        assert isinstance(action, ForwardTo)
-                        verdict = await self._check_answer(action.peer, run_tokens, answer, params, deadline)
-                release = len(held)
-                if held:
-                    life.current.held_tokens = len(answer)
-                if verdict is None:
-                    if check != "none" and answer:
-                        life.current.check = "error"
-                elif verdict.ok:
-                    life.current.check = "passed"
-                elif check == "hold":
-                    life.current.check = "rejected"
-                    release, kept = 0, 0  # whole chunks only, up to the last verified token
-                    while release < len(held) and kept + len(held[release].token_ids) <= verdict.verified_tokens:
-                        kept += len(held[release].token_ids)
-                        release += 1
-                    event = Rejected(kept, verdict.reason)
-                else:
-                    life.current.check = "failed_after_streaming"
-                    event = AttemptDone(record.reused_tokens if record else 0, generated, wrong=verdict.reason)
-                if life.current.check:
-                    self.counters.answers_checked[life.current.check] += 1
-                for chunk in held[:release]:
-                    ttft = accept(chunk, ttft)
-                    generated += len(chunk.token_ids)
-                    yield chunk
-                if isinstance(event, AttemptDone):
-                    event = AttemptDone(event.reused_tokens, generated, event.wrong)
-                else:
-                    record = None
-            except RemoteError as exc:
-                event = Refused(exc.code, exc.message, generated)
-                self._on_refusal(action, exc)
-            except ForwardFailed as exc:
-                event = PeerLost(str(exc), generated)
-                self.counters.forward_failures += 1
-                self.counters.fallbacks += 1
-                log.info("forward to %s lost: %s", life.current.target, exc)
-            except EngineOverloadedError as exc:
-                event = Refused("BUSY", str(exc), generated)
-                self.counters.fallbacks += 1
-            except DeadlineExceeded as exc:
-                event = DeadlinePassed(str(exc))
-            if not attempt.local:
-                attempt.path = facts.get("path")  # type: ignore[assignment]
-            actions.extend(life.handle(event, time.monotonic()))
+                            assert isinstance(action, ForwardTo)
+                            verdict = await self._check_answer(action.peer, run_tokens, produced, params, deadline, final=False)
+                            if verdict is not None and not verdict.ok:
+                                rejected = verdict
+                                break
+                            # The window passed: it goes out, the rest streams and the
+                            # whole answer is checked at its end (the probation verdict).
+                            check = "after"
+                            attempt.held_tokens = len(produced)
+                            for chunk in held:
+                                answer.accept(chunk)
+                                generated += len(chunk.token_ids)
+                                yield chunk
+                            held = []
+                            continue
+                        answer.accept(item)
+                        generated += len(item.token_ids)
+                        yield item
+                    elif isinstance(item, Done):
+                        record = item.record
+                    else:
+                        record = item
+            verdict = rejected
+            if rejected is None:
+                assert record is not None
+                event = AttemptDone(record.reused_tokens, generated)
+                if check != "none" and produced:
+                    assert isinstance(action, ForwardTo)
+                    verdict = await self._check_answer(action.peer, run_tokens, produced, params, deadline)
+            event, release = self._settle_check(attempt, check, verdict, event if rejected is None else None,
+                                                held, len(produced), record, generated)
+            for chunk in held[:release]:
+                answer.accept(chunk)
+                generated += len(chunk.token_ids)
+                yield chunk
+            if isinstance(event, AttemptDone):
+                event = AttemptDone(event.reused_tokens, generated, event.wrong)
+            else:
+                record = None
+        except RemoteError as exc:
+            event = Refused(exc.code, exc.message, generated)
+            self._on_refusal(action, exc)
+        except ForwardFailed as exc:
+            event = PeerLost(str(exc), generated)
+            self.counters.forward_failures += 1
+            self.counters.fallbacks += 1
+            log.info("forward to %s lost: %s", attempt.target, exc)
+        except EngineOverloadedError as exc:
+            event = Refused("BUSY", str(exc), generated)
+            self.counters.fallbacks += 1
+        except DeadlineExceeded as exc:
+            event = DeadlinePassed(str(exc))
+        if not attempt.local:
+            attempt.path = facts.get("path")  # type: ignore[assignment]
+            attempt.stream_bytes = int(facts.get("stream_bytes", 0))  # type: ignore[call-overload]
+        yield _TryEnded(event, record)
+
+    def _settle_check(
+        self,
+        attempt: Attempt,
+        check: CheckPlan,
+        verdict: Verdict | None,
+        done: AttemptDone | None,
+        held: list[TokenChunk],
+        produced: int,
+        record: GenerationRecord | None,
+        generated: int,
+    ) -> tuple[Event, int]:
+        """The try's event after its answer check (``verdict``; None: no check, or it could
+        not run), and how many held chunks go to the client. ``done``: the event had the
+        answer not been checked (None when a held window was rejected)."""
+        release = len(held)
+        if held:
+            attempt.held_tokens = produced
+        event: Event | None = done
+        if verdict is None:
+            if check != "none" and produced:
+                attempt.check = "error"
+        elif verdict.ok:
+            attempt.check = "passed"
+        elif check == "hold":
+            attempt.check = "rejected"
+            release, kept = 0, 0  # whole chunks only, up to the last verified token
+            while release < len(held) and kept + len(held[release].token_ids) <= verdict.verified_tokens:
+                kept += len(held[release].token_ids)
+                release += 1
+            event = Rejected(kept, verdict.reason)
+        else:
+            attempt.check = "failed_after_streaming"
+            event = AttemptDone(record.reused_tokens if record else 0, generated, wrong=verdict.reason)
+        if attempt.check:
+            self.counters.answers_checked[attempt.check] += 1
+        assert event is not None
+        return event, release
+
+    def _result(
+        self,
+        life: RequestAttempts,
+        decision: Decision,
+        decision_s: float,
+        tokens: list[int],
+        hashes: Sequence[int],
+        answer: _Answer,
+        record: GenerationRecord | None,
+        request_id: bytes,
+        prefer: str | None,
+    ) -> GenerateResult:
+        """The request's result once its lifecycle finished; counted and logged for the dashboard."""
         served = life.current
-        total = time.perf_counter() - t0
+        total = time.perf_counter() - answer.t0
         if record is None or served.outcome != "done":  # every token arrived, the final record did not
-            record = GenerationRecord(len(tokens), 0, len(out), ttft or total, total, "length")
+            record = GenerationRecord(len(tokens), 0, len(answer.tokens), answer.ttft or total, total, "length")
         if served.local:
             self.counters.served_local += 1
         else:
@@ -300,11 +380,12 @@ class NodeServing:
             )
         if prefer:
             reason = f"preferred {prefer[:12]}; " + reason
+        ttft = answer.ttft if answer.ttft is not None else total
         self._log_decision(tokens, hashes, decision, attempts, outcome="ok", total_s=total, reason=reason,
                            target=served.target, local=served.local, predicted=served.predicted_reused_tokens,
-                           reused=record.reused_tokens, generated=len(out), ttft_s=ttft if ttft is not None else total,
+                           reused=record.reused_tokens, generated=len(answer.tokens), ttft_s=ttft,
                            request_id=request_id.hex())
-        yield GenerateResult(
+        return GenerateResult(
             request_id=request_id.hex(),
             served_by=served.target,
             served_locally=served.local,
@@ -314,17 +395,17 @@ class NodeServing:
             predicted_reused_tokens=served.predicted_reused_tokens,
             reused_tokens=record.reused_tokens,
             prompt_tokens=len(tokens),
-            generated_tokens=len(out),
-            token_ids=out,
-            text="".join(text),
+            generated_tokens=len(answer.tokens),
+            token_ids=answer.tokens,
+            text="".join(answer.text),
             finish_reason=record.finish_reason,
-            ttft_s=ttft if ttft is not None else total,
+            ttft_s=ttft,
             total_s=total,
             record=record,
             attempts=attempts,
             decision=decision,
             model=self.router.fingerprint_hex,
-            logprobs=logprobs,
+            logprobs=answer.logprobs,
             path=served.path,
             decision_s=decision_s,
         )

@@ -2,8 +2,11 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 import json
+import os
 from pathlib import Path
+import re
 import subprocess
+import sys
 import sysconfig
 
 from typer.testing import CliRunner
@@ -44,3 +47,29 @@ def test_bench_route_json_has_the_figures() -> None:
 def test_bench_route_rejects_unknown_policy() -> None:
     result = runner.invoke(app, ["bench", "route", "--policy", "fastest"])
     assert result.exit_code != 0 and "choose from" in result.output
+
+
+def test_the_node_banner_names_its_dashboard(tmp_path: Path) -> None:
+    # What a volunteer sees after `p2pinfer node`: the dashboard's address, which then serves the page.
+    import httpx
+
+    ready = tmp_path / "ready.json"
+    cmd = [sys.executable, "-m", "p2pinfer", "node", "--engine", "simulated", "--listen", "/ip4/127.0.0.1/tcp/0",
+           "--http-port", "0", "--key-file", "", "--ready-file", str(ready)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "COLUMNS": "250"})
+    try:
+        lines: list[str] = []
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the banner comes once the node serves; Ctrl-C is its last line
+            lines.append(line)
+            if "Ctrl-C to stop" in line:
+                break
+        banner = "".join(lines)
+        match = re.search(r"dashboard (http://127\.0\.0\.1:\d+/dashboard)", banner)
+        assert match, banner
+        assert match.group(1) == json.loads(ready.read_text())["dashboard"]
+        assert httpx.get(match.group(1), timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -85,3 +85,14 @@ def test_doctor_refuses_settings_the_node_would_refuse() -> None:
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert "relay_service must be auto, on or off" in proc.stderr
+
+
+def test_without_llama_cpp_the_report_keeps_its_fields_and_says_why(monkeypatch) -> None:
+    # A machine where llama-cpp-python is missing (or its library does not load) still gets
+    # the fields a bug report reads, with the reason and what to install.
+    from p2pinfer import doctor
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
+    info = doctor.llama_cpp_info()
+    assert info["installed"] is False and info["system_info"] is None and info["gpu_offload"] is False
+    assert "llama_cpp" in info["error"] and "p2pinfer[llama]" in info["hint"]

@@ -8,7 +8,10 @@ with the official `openai` client, as an application would.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+import subprocess
+import sys
 import time
 
 import httpx
@@ -57,6 +60,14 @@ def test_two_model_swarm_routes_each_request_to_a_node_with_its_model(tmp_path: 
         assert listed[GEMMA]["fingerprint"] != listed[SMOL]["fingerprint"]
         client = openai.OpenAI(base_url=smol_a.http + "/v1", api_key="unused", max_retries=0)
         assert {m.id for m in client.models.list()} == {SMOL, GEMMA}
+        # /status and `p2pinfer status` show the same table.
+        status = httpx.get(smol_a.http + "/status", timeout=10).json()["swarm_models"]
+        assert {m["id"]: (m["nodes"], m["served_here"]) for m in status} == {SMOL: (2, True), GEMMA: (1, False)}
+        shown = subprocess.run([sys.executable, "-m", "p2pinfer", "status", "--url", smol_a.http], capture_output=True,
+                               text=True, timeout=60, env={**os.environ, "COLUMNS": "250"})
+        assert shown.returncode == 0, shown.stderr
+        assert "2 models in the swarm" in shown.stdout
+        assert SMOL in shown.stdout and GEMMA in shown.stdout
 
         # SmolLM2's entry, asked for Gemma: it serves none of Gemma, so it forwards to the Gemma node.
         out = client.completions.create(model=GEMMA, prompt="The capital of France is", max_tokens=4, temperature=0)

@@ -65,9 +65,15 @@ async def test_a_forward_to_a_node_behind_nat_goes_through_its_relay_and_reuses_
             await wait_for(lambda: o.membership.addrs_of(n.peer_id)[1] == n.relay_reservations.circuit_addrs(), 20)
             prompt = list(range(1000, 1000 + 160))
             await seed(n, [o], prompt)
+            relayed_before = r.relay.stats.bytes_relayed
             result = await o.complete(prompt + [7, 8, 9], max_tokens=3, prefer=n.peer_id)
             assert result.served_by == n.peer_id
             assert result.path == "relayed" and result.attempts[0].path == "relayed"
+            # The entry counts the forward stream's bytes; the relay carried at least those (encrypted,
+            # framed, with whatever gossip went through it meanwhile). Each token id here is 2 bytes or more.
+            sent = result.attempts[0].stream_bytes
+            assert sent > 2 * len(prompt)
+            assert r.relay.stats.bytes_relayed - relayed_before >= sent
             assert result.reused_tokens == result.predicted_reused_tokens == 160
             assert o.paths.path(n.peer_id) == "relayed" and n.paths.path(o.peer_id) == "relayed"
             assert r.relay.stats.bytes_relayed > 0
