@@ -77,8 +77,7 @@ def _routing_facts(result: GenerateResult) -> dict[str, Any]:
         # The serving engine's own timing: waiting for it, then restore + prefill to the first token.
         "engine_queue_ms": round(result.record.queue_s * 1000, 3),
         "engine_prefill_ms": round(max(0.0, result.record.ttft_s - result.record.queue_s) * 1000, 3),
-        # After the last token: evaluating the reply again and saving it for the next turn (0: not cached).
-        "reply_save_ms": float(result.record.extra.get("reply_save_ms", 0.0)),
+        # No reply save time: the reply is saved after the answer ends (the node's /status and /metrics count it).
         "attempts": [a.as_dict() for a in result.attempts],
     }
 
@@ -616,4 +615,5 @@ def metrics_snapshot(node: Node) -> dict[str, Any]:
         "tokens_checked": c.tokens_checked,
         "check_seconds": c.check_seconds,
         "peers_distrusted": c.peers_distrusted,
+        "reply_saves": node.engine.reply_saves,
     }

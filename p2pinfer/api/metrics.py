@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 __all__ = ["NodeMetrics"]
@@ -65,6 +65,19 @@ class _SnapshotCollector(Collector):
         yield CounterMetricFamily(
             "p2pinfer_peers_distrusted", "Sanctions imposed on peers (cache lies and wrong answers)", value=snap.get("peers_distrusted", 0)
         )
+        saves = snap.get("reply_saves")  # an engine that saves replies (after their requests ended)
+        if saves is not None:
+            yield HistogramMetricFamily(
+                "p2pinfer_reply_save_seconds",
+                "Engine time spent saving each reply for the next turn, after its request ended",
+                buckets=saves.cumulative(), sum_value=saves.sum_s,
+            )
+            yield CounterMetricFamily(
+                "p2pinfer_reply_save_errors", "Reply saves that failed (logged; their requests had finished)", value=saves.errors
+            )
+            yield GaugeMetricFamily(
+                "p2pinfer_reply_saves_in_progress", "Replies being saved now (their slots are taken)", value=saves.in_progress
+            )
 
 
 class NodeMetrics:

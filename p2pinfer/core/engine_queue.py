@@ -15,7 +15,9 @@ as a live engine does:
   starts, the estimate becomes the true size (what the cache gives now).
   A finished answer whose reply is evaluated again for the cache (the
   llama.cpp engine's reply caching) counts those tokens again until that
-  ends (:meth:`EngineQueue.saving_reply`): its slot is still taken.
+  ends (:meth:`EngineQueue.saving_reply`): its slot is still taken. Its
+  prompt + reply is then a prompt ahead: a next turn that extends it waits
+  for the save (the engine's admission) and counts only what goes past it.
 * **checks are background work** (``admit(..., background=True)``): an
   answer check (``Engine.score``) holds a slot like a request, so it counts
   in the active requests, the free slots and the wait for one, but its
@@ -146,6 +148,7 @@ class Ticket:
     """One accepted request, from :meth:`EngineQueue.admit` to :meth:`EngineQueue.finish`."""
 
     tokens: Sequence[int]
+    """Its prompt; while its reply is saved, prompt + reply (what it leaves cached)."""
     estimate: int
     """Its prompt tokens still counted as queued prefill."""
     max_tokens: int = 0
@@ -294,15 +297,21 @@ class EngineQueue:
                 self.ms_per_token = max(1e-3, ms_per_token)
                 self.speed_measured = True
 
-    def saving_reply(self, ticket: Ticket, tokens: int, now: float | None = None) -> None:
-        """Its answer is done and its reply's ``tokens`` are being evaluated
+    def saving_reply(self, ticket: Ticket, reply: Sequence[int], now: float | None = None) -> None:
+        """Its answer is done and its ``reply`` tokens are being evaluated
         again (prefill work, in its slot): they count as queued prefill, and
-        its slot is expected to free once they are done, until :meth:`finish`."""
+        its slot is expected to free once they are done, until :meth:`finish`.
+        Its prompt + reply is a prompt ahead from now on: a request that
+        extends it counts only what the save does not cache."""
         if ticket.finished:
             return
-        tokens = max(0, tokens)
+        tokens = len(reply)
         self._count(ticket, tokens - ticket.estimate)
         ticket.estimate = tokens
+        if not ticket.background and tokens:
+            self.ahead.remove(ticket.tokens)
+            ticket.tokens = [*ticket.tokens, *reply]
+            self.ahead.add(ticket.tokens)
         if now is not None:
             ticket.decode_ends = now + tokens * self.ms_per_token / 1000.0
 

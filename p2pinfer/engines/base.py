@@ -10,13 +10,14 @@ kept equal to what the engine really holds, and its load.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from ..core.blocks import ModelFingerprint
 from ..core.peers import Load
 from ..core.radix import RadixTree
+from .reply_saves import ReplySaves
 
 __all__ = [
     "ChatMessage",
@@ -202,6 +203,9 @@ class Engine(ABC):
     """
 
     name: ClassVar[str] = "abstract"
+    reply_saves: ReplySaves | None = None
+    """Replies saved for the next turn after their requests ended (``/status``,
+    ``/metrics``); None for an engine that saves none."""
 
     @classmethod
     def create(cls, **options: Any) -> Engine:
@@ -312,12 +316,26 @@ class Engine(ABC):
         busy so that peers stop sending it work."""
         return None
 
+    async def wait_reply_saves(self) -> None:
+        """Until no reply is being saved (those started before or while this waits): a
+        benchmark that times one request after another waits here between them, untimed."""
+
+    def watch_reply_saves(self, listener: Callable[[Sequence[int], bool], None]) -> None:
+        """Call ``listener(path, True)`` when a reply starts being saved after its
+        request ended (``path``: prompt + reply as the cache will hold them) and
+        ``listener(path, False)`` once the save ended (the reply in the cache by
+        then, or not at all), so that the node can list ``path`` in its digest
+        meanwhile as a prompt in service. An engine that saves no replies never calls it."""
+
     def describe(self) -> dict[str, Any]:
         """Facts for /status and benchmark output."""
-        return {
+        out: dict[str, Any] = {
             "engine": self.name,
             "model": self.model_name,
             "fingerprint": self.fingerprint.hex(),
             "context_size": self.context_size,
             "cached_tokens": self.cache.total_tokens,
         }
+        if self.reply_saves is not None:
+            out["reply_saves"] = self.reply_saves.as_dict()
+        return out

@@ -25,13 +25,21 @@ thread, the slot loop (:mod:`~p2pinfer.engines.slot_loop`), owns the
 context and steps every slot, one prompt chunk then one decode step for
 all decoding slots, and so on. This module is the trio side: admission
 (first come first served into free slots, except that a request waits for
-a prompt in prefill that will cache more of its prefix than the cache holds
-now), the prefix cache and the queue accounting. The two sides meet only
+a prompt in prefill, or a reply being saved, that will cache more of its
+prefix than the cache holds now), the prefix cache and the queue
+accounting. The two sides meet only
 in :class:`~p2pinfer.engines.slot_loop.SlotJob`: the engine submits jobs,
 the loop posts events back, which a trio callback handles at once
 (whatever the request's consumer is doing) before handing them to the
 request's task. A cancelled request leaves its slot at the loop's next step
 boundary; the engine counts the slot free at once.
+
+A request's stream ends with its last token: when its reply is saved for
+the next turn (``reply_cache``), the record goes out as the save starts and
+the save goes on in the slot as the engine's own background work, counted
+in the load until it ends and in :attr:`LlamaCppEngine.reply_saves`. Its
+reader going away then does not stop it, and its failure fails nothing (it
+is logged and counted).
 
 A model with an interleaved sliding-window KV cache (Gemma 3) caches only
 prompts of at most ``cache_window`` tokens: llama.cpp keeps just the last
@@ -75,6 +83,7 @@ from .base import (
 )
 from .kv_segments import SegmentStore
 from .model_files import file_identity, resolve_model_path
+from .reply_saves import ReplySaves
 from .slot_events import Failed, Finished, Prefilled, Restored, SavingReply
 
 if TYPE_CHECKING:
@@ -124,8 +133,12 @@ class _Request:
     slot: int = -1
     cached: bool = True
     """Its prompt's KV is saved into the cache once evaluated (see ``cache_window``)."""
-    reply_cached: int = 0
-    """Tokens of its reply (end of turn included) that joined the cache."""
+    reply_path: list[int] | None = None
+    """While its reply is saved (its answer is complete): prompt + reply + end of
+    turn, what the cache will hold once the save ends."""
+    saving_since: float = 0.0
+    saved: trio.Event = field(default_factory=trio.Event)
+    """Set when its reply's save ended (or there was none to wait for)."""
 
 
 class LlamaCppEngine(Engine):
@@ -253,6 +266,8 @@ class LlamaCppEngine(Engine):
         """Prompts longer than :attr:`cache_window`, served without saving their KV."""
         self.replies_cached = 0
         """Generations whose reply joined the cache."""
+        self.reply_saves = ReplySaves()
+        self._reply_save_listeners: list[Callable[[Sequence[int], bool], None]] = []
         self.checks_scored = 0
         """Answer checks (:meth:`score`) that completed."""
         self.check_tokens_reused = 0
@@ -284,6 +299,9 @@ class LlamaCppEngine(Engine):
             max_reuse=_max_reuse,
         )
         self._closed = False
+        self._orphans: deque[tuple[_Request, list[Any]]] = deque()
+        """Events of a job whose request's trio run had ended when they came
+        (a reply save outlives its request): handled at the next entry from trio."""
         from .slot_loop import SlotLoop  # noqa: PLC0415 - imports llama_cpp
 
         self._loop = SlotLoop(self._rt)
@@ -461,11 +479,11 @@ class LlamaCppEngine(Engine):
         if self._closed:
             raise EngineError("the engine is closed")
         self._check_alive()
+        self._adopt_orphans()
         self.validate_tokens(tokens, params)
         if params.grammar:
             self._check_grammar(params.grammar)
         prompt = list(tokens)
-        n = len(prompt)
         try:
             # Touch: the prefix is used from now on, so the prompts queued
             # ahead do not evict it before it starts (issue 22).
@@ -492,48 +510,69 @@ class LlamaCppEngine(Engine):
                     prefill = event
                 elif isinstance(event, Failed):
                     raise EngineError(event.message)
-                elif isinstance(event, Finished):
-                    if event.reason == "cancelled":  # only the engine cancels: it is closing
+                elif isinstance(event, (SavingReply, Finished)):
+                    if isinstance(event, Finished) and event.reason == "cancelled":  # only the engine cancels: it is closing
                         raise EngineError("the engine is closed")
+                    # The answer is complete: its record goes now, a reply save goes on without it.
                     finished = True
-                    assert req.admitted_at is not None
-                    yield GenerationRecord(
-                        prompt_tokens=n,
-                        reused_tokens=reused,
-                        generated_tokens=event.generated,
-                        ttft_s=req.first_token_at - req.arrived if req.first_token_at else 0.0,
-                        total_s=time.perf_counter() - req.arrived,
-                        finish_reason=event.reason,  # type: ignore[arg-type]
-                        queue_s=req.admitted_at - req.arrived,
-                        extra={
-                            "restore_ms": round(restore_s * 1000, 3),
-                            "prefill_ms": round(prefill.prefill_s * 1000, 3) if prefill else 0.0,
-                            "prefill_wall_ms": round(prefill.wall_s * 1000, 3) if prefill else 0.0,
-                            "cached_spans_used": req.spans_used,
-                            "slot": req.slot,
-                            "decode_steps": event.decode_steps,
-                            "reply_cached_tokens": req.reply_cached,
-                            "reply_save_ms": round(event.reply_s * 1000, 3),
-                        },
-                    )
+                    yield self._record(req, event, reused, restore_s, prefill)
                     return
         finally:
             if not finished:
                 self._cancel(req)
-            self.queue.finish(ticket)  # idempotent: normally done when it left its slot
+            if req.reply_path is None:  # a reply being saved keeps its ticket until the save ends
+                self.queue.finish(ticket)  # idempotent: normally done when it left its slot
+
+    def _record(
+        self, req: _Request, event: SavingReply | Finished, reused: int, restore_s: float, prefill: Prefilled | None
+    ) -> GenerationRecord:
+        """The request's last item, sent as soon as its last token is out (before any reply save)."""
+        assert req.admitted_at is not None
+        return GenerationRecord(
+            prompt_tokens=len(req.tokens),
+            reused_tokens=reused,
+            generated_tokens=event.generated,
+            ttft_s=req.first_token_at - req.arrived if req.first_token_at else 0.0,
+            total_s=time.perf_counter() - req.arrived,
+            finish_reason=event.reason,  # type: ignore[arg-type]
+            queue_s=req.admitted_at - req.arrived,
+            extra={
+                "restore_ms": round(restore_s * 1000, 3),
+                "prefill_ms": round(prefill.prefill_s * 1000, 3) if prefill else 0.0,
+                "prefill_wall_ms": round(prefill.wall_s * 1000, 3) if prefill else 0.0,
+                "cached_spans_used": req.spans_used,
+                "slot": req.slot,
+                "decode_steps": event.decode_steps,
+                # Tokens of the reply (end of turn included) being saved for the next turn after this record.
+                "reply_save_tokens": len(event.tokens) if isinstance(event, SavingReply) else 0,
+            },
+        )
+
+    async def wait_reply_saves(self) -> None:
+        while True:
+            self._adopt_orphans()  # a save whose request's trio run has ended posts there
+            saving = [r for r in self._running if r.reply_path is not None and not r.ended]
+            if not saving:
+                return
+            with trio.move_on_after(0.05):
+                await saving[0].saved.wait()
 
     # -- admission (trio side) -----------------------------------------------------
     def _admit(self) -> None:
         """Start waiting requests while slots are free, first come first served.
 
-        A request whose prompt shares more with a prompt still in prefill
-        (or waiting ahead of it) than the cache holds waits for that prefill:
-        it will then restore the prefix instead of computing it a second
-        time in parallel. Others go past it.
+        A request whose prompt shares more with what work in a slot will
+        cache than the cache holds now (a prompt still in prefill, or waiting
+        ahead of it; prompt + reply of an answer whose reply is being saved)
+        waits for that work: it will then restore the prefix instead of
+        computing it a second time in parallel. So a conversation's next
+        turn, sent the moment the previous answer's stream ended, reuses
+        that reply as if it had come later. Others go past it.
         """
         if self._closed:
             return
         ahead: list[list[int]] = [r.tokens for r in self._running if r.in_prefill and r.cached]
+        ahead += [r.reply_path for r in self._running if r.reply_path is not None and not r.ended]
         for req in list(self._waiting):
             if not self.queue.can_start():
                 break
@@ -605,21 +644,36 @@ class LlamaCppEngine(Engine):
         def post(_job: Any, events: list[Any]) -> None:
             try:
                 req.trio_token.run_sync_soon(self._on_events, req, events)
-            except trio.RunFinishedError:  # the request's trio run is gone; nobody is listening
-                pass
+            except trio.RunFinishedError:  # the request's trio run is gone (its reply's save outlived it)
+                self._orphans.append((req, events))
 
         return post
+
+    def _adopt_orphans(self) -> None:
+        """Handle, in this trio run, the events that came after their request's run had ended
+        (an engine used from one ``trio.run`` after another, as tests do; a node has one run)."""
+        while self._orphans:
+            req, events = self._orphans.popleft()
+            req.trio_token = trio.lowlevel.current_trio_token()
+            self._on_events(req, events)
 
     def _on_events(self, req: _Request, events: list[Any]) -> None:
         """Runs in trio at once, whatever the request's reader is doing."""
         try:
             for event in events:
                 self._account(req, event)
-                req.send.send_nowait(event)
-        except trio.ClosedResourceError:
-            pass
         except Exception:  # a callback must never raise into trio's run loop
             log.exception("handling the slot loop's events failed")
+        try:
+            for event in events:
+                req.send.send_nowait(event)
+                if isinstance(event, SavingReply):
+                    req.send.close()  # the request's stream ends here; the save's events stay with the engine
+                    break
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass  # its reader is gone (or it ended): nothing to hand over
+        except Exception:
+            log.exception("handing the slot loop's events over failed")
 
     def _account(self, req: _Request, event: Any) -> None:
         if isinstance(event, TokenChunk):
@@ -649,14 +703,58 @@ class LlamaCppEngine(Engine):
             req.in_prefill = False
             self._admit()  # requests waiting for this prefix may go now
         elif isinstance(event, SavingReply):
-            # The reply is evaluated again in its slot: prefill work like a prompt's, in the load until it ends.
-            self.queue.saving_reply(req.ticket, event.tokens, now=time.perf_counter())
+            # The answer is complete; its reply is evaluated again in its slot, background work
+            # of the engine: prefill work like a prompt's, in the load until it ends.
+            self._decode_measured(event)
+            req.reply_path = req.tokens + list(event.tokens)
+            req.saving_since = time.perf_counter()
+            self.reply_saves.started()
+            self.queue.saving_reply(req.ticket, event.tokens, now=req.saving_since)
+            self._tell_reply_save(req.reply_path, True)
         elif isinstance(event, (Finished, Failed)):
-            if isinstance(event, Finished) and event.decode_steps >= 2:
-                self.queue.decode_measured(event.decode_s * 1000 / event.decode_steps)
-            if isinstance(event, Finished):
-                self._insert_reply(req, event)
+            if req.reply_path is not None:
+                self._reply_saved(req, event)
+                self._tell_reply_save(req.reply_path, False)  # after the insert: its blocks stay listed
+            elif isinstance(event, Finished):
+                self._decode_measured(event)
+                if event.reply_failed:  # it failed before its save started
+                    log.warning("reply not cached: %s", event.reply_note)
+                    self.reply_saves.ended(event.reply_s, failed=True, started=False)
             self._end(req)
+            req.saved.set()
+
+    def watch_reply_saves(self, listener: Callable[[Sequence[int], bool], None]) -> None:
+        self._reply_save_listeners.append(listener)
+
+    def _tell_reply_save(self, path: list[int], saving: bool) -> None:
+        for listener in self._reply_save_listeners:
+            try:
+                listener(path, saving)
+            except Exception:
+                log.exception("a reply save listener failed")
+
+    def _decode_measured(self, event: SavingReply | Finished) -> None:
+        if event.decode_steps >= 2:
+            self.queue.decode_measured(event.decode_s * 1000 / event.decode_steps)
+
+    def _reply_saved(self, req: _Request, event: Finished | Failed) -> None:
+        """A reply's save ended, after its request's record: its span joins the cache;
+        a failure is logged and counted, never raised (the request is long finished)."""
+        wall = time.perf_counter() - req.saving_since
+        if isinstance(event, Failed):
+            if not self._closed:
+                log.warning("saving a reply failed: %s", event.message)
+            self.reply_saves.ended(0.0, wall, failed=not self._closed)
+            return
+        failed = event.reply_failed
+        if failed:
+            log.warning("reply not cached: %s", event.reply_note)
+        try:
+            self._insert_reply(req, event)
+        except Exception:
+            log.exception("inserting a saved reply into the cache failed")
+            failed = True
+        self.reply_saves.ended(event.reply_s, wall, failed=failed and not self._closed)
 
     def _insert_reply(self, req: _Request, event: Finished) -> None:
         """The reply's span joins the cache after the prompt (the digest then advertises it)."""
@@ -669,7 +767,6 @@ class LlamaCppEngine(Engine):
         self._drop_phantoms()  # the prompt was evicted meanwhile: the span alone cannot be restored
         if self._cache.match(path, touch=False) == len(path):
             self.replies_cached += 1
-            req.reply_cached = len(event.reply_tokens)
 
     def _unpin(self, req: _Request) -> None:
         if req.pin is not None:
@@ -688,7 +785,12 @@ class LlamaCppEngine(Engine):
             self._admit()
 
     def _cancel(self, req: _Request) -> None:
-        """Its reader is gone: free the slot now (the loop drops it at its next step)."""
+        """Its reader is gone: free the slot now (the loop drops it at its next step).
+
+        Not once its answer is complete: a reply being saved is the engine's
+        work, not the reader's, and goes on."""
+        if req.reply_path is not None:
+            return
         if req in self._waiting:
             self._waiting.remove(req)
         req.ended = req.ended or req.job is None
@@ -728,6 +830,7 @@ class LlamaCppEngine(Engine):
         if self._closed:
             raise EngineError("the engine is closed")
         self._check_alive()
+        self._adopt_orphans()
         self.validate_score(tokens, start, temperature)
         tokens = list(tokens)
         self._resave_stale()

@@ -4,7 +4,8 @@ Plain data, no llama.cpp: the engine module imports these without loading
 the C library. A job's events come in this order: :class:`Restored` (it has
 a slot), token chunks, :class:`Prefilled` (right after the first chunk),
 more chunks, then :class:`SavingReply` with the last chunk when its reply
-is evaluated again for the cache, then exactly one :class:`Finished` or
+is evaluated again for the cache (the answer is complete then; the save goes
+on in the background), then exactly one :class:`Finished` or
 :class:`Failed`, after which the job no longer holds its slot. A job
 cancelled or failed before it got a slot posts only the last event.
 """
@@ -48,11 +49,19 @@ class Prefilled:
 
 @dataclass(frozen=True, slots=True)
 class SavingReply:
-    """The generation ended (its last token went out before this); the job keeps
-    its slot while its reply's ``tokens`` are evaluated again as prompt chunks,
-    one per loop iteration like any prefill, then :class:`Finished` follows."""
+    """The generation ended (its last token went out before this): the request's
+    answer is complete, and the engine ends its stream here. The job keeps its
+    slot while its reply's ``tokens`` are evaluated again as prompt chunks, one
+    per loop iteration like any prefill, then :class:`Finished` follows (with
+    the span, or a note saying why there is none) once the reply is saved."""
 
-    tokens: int
+    reason: str
+    """stop or length."""
+    generated: int
+    decode_steps: int
+    decode_s: float
+    tokens: tuple[int, ...]
+    """What is evaluated again after the prompt: the reply's tokens and the end of turn."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +81,9 @@ class Finished:
     """Time the job's own reply work took: re-tokenising, evaluating the reply
     and its end of turn again, saving the span (other slots' steps in between excluded)."""
     reply_note: str | None = None
-    """Why the reply was not cached, or was cached only in part (for the logs and the record)."""
+    """Why the reply was not cached, or was cached only in part (for the logs)."""
+    reply_failed: bool = False
+    """Saving the reply failed (``reply_note`` says why): the engine logs and counts it."""
 
 
 @dataclass(frozen=True, slots=True)

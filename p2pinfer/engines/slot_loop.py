@@ -23,10 +23,12 @@ The llama.cpp engine has ``n_slots`` sequences in one context
    decoding slot, then one sample per slot.
 
 When a generation ends and its reply is to join the cache, its last token
-goes out at once and the job keeps its slot for one more phase, *saving
-the reply*: the reply (and the chat template's end of turn) is evaluated
-again as prompt chunks, scheduled in step 3 like a prompt's, then its span
-is saved and the job finishes (:meth:`SlotLoop._begin_reply`).
+goes out at once with :class:`~.slot_events.SavingReply` (the engine ends
+the request's stream there) and the job keeps its slot for one more phase,
+*saving the reply*, as background work of the engine: the reply (and the
+chat template's end of turn) is evaluated again as prompt chunks,
+scheduled in step 3 like a prompt's, then its span is saved and the job
+finishes (:meth:`SlotLoop._begin_reply`).
 
 So a long prompt or reply delays the others' next token by one chunk at
 most, and a slot is taken as soon as it is free. The loop never waits for a consumer:
@@ -102,6 +104,8 @@ class SlotJob:
     """Their chunks, ``(offset, size)``, the next one first."""
     reply_s: float = 0.0
     reply_note: str | None = None
+    reply_failed: bool = False
+    """Saving the reply raised (``reply_note`` says what); the request itself is unaffected."""
     chain: Any = None
     text: TextStream | None = None
     prefill_s: float = 0.0
@@ -474,7 +478,8 @@ class SlotLoop:
     def _ended(self, job: SlotJob, events: list[Event]) -> None:
         """The generation ended (``job.done``): save its reply, or finish now."""
         if self._begin_reply(job):
-            events.append(SavingReply(len(job.reply_new or ())))
+            events.append(SavingReply(job.reason or "stop", job.generated, job.decode_steps, job.decode_s,
+                                      tuple(job.reply_new or ())))
             return
         events.append(self._finish_event(job))
         self._release(job)
@@ -482,7 +487,8 @@ class SlotLoop:
     def _finish_event(self, job: SlotJob, span: KvSpan | None = None) -> Finished:
         reason = job.reason or "stop"
         return Finished(reason, job.generated, job.decode_steps, job.decode_s,
-                        span, tuple(job.reply_new or ()) if span is not None else (), job.reply_s, job.reply_note)
+                        span, tuple(job.reply_new or ()) if span is not None else (), job.reply_s, job.reply_note,
+                        job.reply_failed)
 
     def _begin_reply(self, job: SlotJob) -> bool:
         """Start saving the reply's KV as the next turn will render it; False: nothing to save.
@@ -513,6 +519,7 @@ class SlotLoop:
                 job.reply_new = new
         except Exception as exc:  # not caching a reply is never worth failing the request
             job.reply_new, job.reply_note = None, f"saving the reply's KV failed: {exc}"
+            job.reply_failed = True
         job.reply_s += time.perf_counter() - t0
         return job.reply_new is not None
 
@@ -560,6 +567,7 @@ class SlotLoop:
             span = rt.save_span(n, n + len(job.reply_new), seq=job.slot)
         except Exception as exc:  # not caching a reply is never worth failing the request
             job.reply_note = f"saving the reply's KV failed: {exc}"
+            job.reply_failed = True
         job.reply_s += time.perf_counter() - t0
         event = self._finish_event(job, span)
         self._release(job)

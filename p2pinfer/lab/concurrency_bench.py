@@ -123,6 +123,7 @@ def single_stream(
         async for item in engine.generate(tokens, GenerationParams(max_tokens=max_tokens)):
             if not isinstance(item, GenerationRecord):
                 stamps.append(time.perf_counter())
+        await engine.wait_reply_saves()  # untimed, and done before Llama's turn on the same cores
         return timed(stamps, t0, len(tokens))
 
     def on_raw(tokens: list[int]) -> tuple[float, float]:
@@ -179,6 +180,10 @@ class ServerUnderTest:
 
     def stop(self) -> None: ...
 
+    def settle(self) -> None:
+        """Until work the server does after its answers (none here) is done, so that it does
+        not run beside the other server's level."""
+
 
 class P2pinferNode(ServerUnderTest):
     name = "p2pinfer"
@@ -195,6 +200,18 @@ class P2pinferNode(ServerUnderTest):
 
     def stop(self) -> None:
         self._swarm.stop()
+
+    def settle(self, timeout_s: float = 120.0) -> None:
+        """Until the node saves no reply (it saves the last answers' after their streams ended)."""
+        import httpx
+
+        status = self.base_url.removesuffix("/v1") + "/status"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            saves = httpx.get(status, timeout=30).json()["engine"].get("reply_saves")
+            if not saves or not saves["in_progress"]:
+                return
+            time.sleep(0.25)
 
 
 def _free_port() -> int:
@@ -402,6 +419,7 @@ def run_concurrency_bench(
             client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=900.0)
             for p in warmup:
                 _one_request(client, p, 8, server.extra_body)
+            server.settle()
         runs: dict[str, dict[int, list[dict[str, Any]]]] = {s.name: {n: [] for n in levels} for s in servers}
         offset = 0
         for r in range(rounds):
@@ -412,6 +430,7 @@ def run_concurrency_bench(
                 for server in order:
                     say(f"round {r + 1}/{rounds}: {n} in flight on {server.name}")
                     runs[server.name][n].append(run_level(server, share, n, requests_per_client, max_tokens))
+                    server.settle()
         result["levels"] = [_summarise(runs["p2pinfer"][n]) for n in levels]
         if llama_server:
             result["llama_server"] = {

@@ -73,6 +73,24 @@ def _messages(conv: int, turn: int, replies: dict[tuple[int, int], str]) -> list
     return msgs
 
 
+def _reply_save_ms(http: str, before: int, timeout_s: float = 120.0) -> tuple[float | None, int]:
+    """The serving node's own time for the reply it saves after a turn, from its
+    ``/status`` (a reply is saved after its answer ended, so no answer carries it),
+    and its save count now. Waits until no save is in progress there; 0 when the
+    turn saved none, None when the node does not report saves."""
+    import httpx  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        saves = httpx.get(http + "/status", timeout=30).json().get("engine", {}).get("reply_saves")
+        if saves is None:
+            return None, before
+        if saves["in_progress"] == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    return (saves["last_ms"] if saves["count"] > before else 0.0), saves["count"]
+
+
 def _run_swarm(
     *, reply_cache: bool, plan: Sequence[tuple[int, int, int]], nodes: int, max_tokens: int, threads: int,
     think_s: float, tokenizer: Any, workdir: str | None,
@@ -89,6 +107,8 @@ def _run_swarm(
     left: dict[int, list[int]] = {}
     """Per conversation: what its previous turn left for the next (prompt + reply + end of turn, as tokens)."""
     tail = list(tokenizer.chat_reply.tail) if tokenizer.chat_reply else []
+    saves_seen: dict[int, int] = {}
+    """Per node: reply saves counted in its /status so far."""
     with LocalSwarm(nodes, engine="llama-cpp", node_args=args, workdir=workdir) as swarm:
         swarm.wait_connected()
         clients = [openai.OpenAI(base_url=n.http + "/v1", api_key="unused", max_retries=0, timeout=600)
@@ -106,17 +126,21 @@ def _run_swarm(
             )
             wall = time.monotonic() - t_start - sent
             facts = out.model_extra["p2pinfer"]
+            server = peer_index.get(facts["served_by"])
+            save_ms = None
+            if server is not None:  # turns are sequential: the serving node's last save is this turn's
+                save_ms, saves_seen[server] = _reply_save_ms(swarm.nodes[server].http, saves_seen.get(server, 0))
             text = out.choices[0].message.content or ""
             replies[(conv, turn)] = text
             previous = left.get(conv)
             available = _common(previous, prompt) if previous is not None else None
             row = {
-                "conversation": conv, "turn": turn + 1, "entry": entry, "served_by": peer_index.get(facts["served_by"]),
+                "conversation": conv, "turn": turn + 1, "entry": entry, "served_by": server,
                 "sent_s": round(sent, 3), "wall_ms": round(wall * 1000, 1),
                 "prompt_tokens": facts["prompt_tokens"], "reused_tokens": facts["reused_tokens"],
                 "completion_tokens": out.usage.completion_tokens, "finish_reason": out.choices[0].finish_reason,
                 "ttft_ms": facts["ttft_ms"], "engine_prefill_ms": facts["engine_prefill_ms"],
-                "reply_save_ms": facts["reply_save_ms"], "engine_queue_ms": facts["engine_queue_ms"],
+                "reply_save_ms": save_ms, "engine_queue_ms": facts["engine_queue_ms"],
                 # Why it was served where it was: the entry's policy and what it tried.
                 "reason": facts["reason"], "predicted_reused_tokens": facts["predicted_reused_tokens"],
                 "attempts": [{**a, "target": peer_index.get(a.get("target"), a.get("target"))} for a in facts["attempts"]],
@@ -129,7 +153,7 @@ def _run_swarm(
             left[conv] = prompt + row["reply_ids"]
         import httpx  # noqa: PLC0415
 
-        keep = ("reply_cache", "reply_cache_chat_tail", "replies_cached", "cached_tokens", "slots", "threads")
+        keep = ("reply_cache", "reply_cache_chat_tail", "replies_cached", "reply_saves", "cached_tokens", "slots", "threads")
         described = [{k: v for k, v in httpx.get(n.http + "/status", timeout=30).json().get("engine", {}).items() if k in keep}
                      for n in swarm.nodes]
     return {"reply_cache": reply_cache, "turns": rows, "engines": described}
@@ -144,7 +168,7 @@ def _by_turn(rows: Sequence[dict[str, Any]], key: str, how: Any = statistics.fme
 
 
 def _reply_save(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The time each serving engine spent caching its reply after the last token (0: not cached)."""
+    """The time each serving engine spent caching its reply after the answer (0: not cached), from its /status."""
     vals = [r["reply_save_ms"] for r in rows if r.get("reply_save_ms") is not None]
     return {
         "reply_save_ms_median": round(statistics.median(vals), 3) if vals else None,

@@ -96,6 +96,7 @@ async def _generate(engine: Any, tokens: list[int], max_tokens: int) -> tuple[li
         else:
             stamps.append(time.perf_counter())
             out.extend(item.token_ids)
+    await engine.wait_reply_saves()  # untimed: the next prompt does not run beside this one's reply save
     return out, record, stamps
 
 

@@ -332,7 +332,6 @@ def encode_done(record: GenerationRecord, served_by: str) -> bytes:
             finish_reason=record.finish_reason,
             queue_s=record.queue_s,
             served_by=served_by,
-            reply_save_s=float(record.extra.get("reply_save_ms", 0.0)) / 1000,
         ),
     ).SerializeToString()
 
@@ -362,7 +361,7 @@ def decode_response(data: bytes, peer: str = "") -> TokenChunk | Done | RemoteEr
         d = msg.done
         if d.finish_reason not in _FINISH:
             raise WireError("BAD_REQUEST", f"unknown finish reason {d.finish_reason!r}")
-        times = (d.ttft_s, d.total_s, d.queue_s, d.reply_save_s)
+        times = (d.ttft_s, d.total_s, d.queue_s)
         if not all(math.isfinite(t) and t >= 0 for t in times):
             raise WireError("BAD_REQUEST", "timings must be finite and non-negative")
         if d.reused_tokens > d.prompt_tokens:
@@ -375,8 +374,6 @@ def decode_response(data: bytes, peer: str = "") -> TokenChunk | Done | RemoteEr
             total_s=d.total_s,
             finish_reason=d.finish_reason,  # type: ignore[arg-type]
             queue_s=d.queue_s,
-            # what the llama.cpp engine's own record says (extra), when the target did cache a reply
-            extra={"reply_save_ms": round(d.reply_save_s * 1000, 3)} if d.reply_save_s > 0 else {},
         )
         return Done(record, d.served_by[:128])
     if kind == "error":

@@ -9,7 +9,7 @@ traversal in ``nat.py``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 import logging
 import time
@@ -111,10 +111,21 @@ class Node(NodeDiscovery, NodeServing, NodeStatus, NodeNat):
             secret=config.swarm_secret,
         )
         self.prefix_groups = PrefixGroups(self.router.hasher.block_size)
+        self._replies_in_service: dict[int, list[int]] = {}
+        self.engine.watch_reply_saves(self._reply_save)
         self._build_services(key_pair)
         await self._run_services(stack)
         self.started_at = time.monotonic()
         log.info("node %s listening on %s", self.peer_id, ", ".join(self.addrs))
+
+    def _reply_save(self, path: Sequence[int], started: bool) -> None:
+        """A reply being saved after its answer ended is listed like a prompt in
+        service: a next turn queued behind the save finds prompt and reply cached
+        (the engine holds it until then), so peers route it here meanwhile."""
+        if started:
+            self._replies_in_service[id(path)] = self.router.begin_serving(path)
+        elif (hashes := self._replies_in_service.pop(id(path), None)) is not None:
+            self.router.end_serving(hashes)
 
     def _build_services(self, key_pair: Any) -> None:
         """The libp2p stack and the services around the router, wired to each other."""

@@ -41,3 +41,38 @@ async def test_unknown_route_is_openai_style_404(api: Any) -> None:
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     r = await trio.to_thread.run_sync(lambda: httpx.get(api.base_url + "/v1/completions"))
     assert r.status_code == 405
+
+
+async def test_reply_saves_are_a_histogram_in_metrics_and_counted_in_status(api: Any) -> None:
+    """A reply is saved after its request ended, so its time is reported by the
+    node (issue 18), not in any request's facts."""
+    from p2pinfer.engines.reply_saves import ReplySaves
+
+    saves = ReplySaves()
+    api.node.engine.reply_saves = saves  # the simulated engine saves none; as the llama.cpp engine counts them
+    for work_s in (0.2, 0.4, 3.0):
+        saves.started()
+        saves.ended(work_s, work_s + 0.1)
+    saves.started()
+    saves.ended(0.05, 0.06, failed=True)
+    saves.started()  # one still going
+
+    def call() -> tuple[str, dict[str, Any], dict[str, Any]]:
+        answer = httpx.post(api.base_url + "/v1/completions", json={"prompt": "question", "max_tokens": 2}).json()
+        return httpx.get(api.base_url + "/metrics").text, httpx.get(api.base_url + "/status").json(), answer
+
+    text, status, answer = await trio.to_thread.run_sync(call)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    samples = {(s.name, s.labels.get("le")): s.value for s in families["p2pinfer_reply_save_seconds"].samples}
+    assert samples[("p2pinfer_reply_save_seconds_count", None)] == 4
+    assert samples[("p2pinfer_reply_save_seconds_sum", None)] == 0.2 + 0.4 + 3.0 + 0.05
+    assert samples[("p2pinfer_reply_save_seconds_bucket", "0.25")] == 2
+    assert samples[("p2pinfer_reply_save_seconds_bucket", "2.5")] == 3
+    assert samples[("p2pinfer_reply_save_seconds_bucket", "+Inf")] == 4
+    assert families["p2pinfer_reply_save_errors"].samples[0].value == 1
+    assert families["p2pinfer_reply_saves_in_progress"].samples[0].value == 1
+    assert status["engine"]["reply_saves"] == {
+        "count": 4, "errors": 1, "in_progress": 1, "last_ms": 50.0, "last_wall_ms": 60.0,
+        "median_ms": 300.0, "median_of_last": 4, "total_ms": 3650.0,
+    }
+    assert "reply_save_ms" not in answer["p2pinfer"]

@@ -129,14 +129,34 @@ def test_a_reply_being_saved_counts_as_queued_prefill_and_holds_its_slot() -> No
     q.start(t, 0)
     q.prefilled(t, 20, now=0.0)
     assert q.load(0.0).queued_prefill_tokens == 0 and q.load(0.0).slot_wait_ms == 5000.0  # 500 tokens at 10 ms
-    q.saving_reply(t, 150, now=1.0)  # its answer ended at 1 s
+    q.saving_reply(t, [7] * 150, now=1.0)  # its answer ended at 1 s
     load = q.load(1.0)
     assert (load.queued_prefill_tokens, load.free_slots, load.slot_wait_ms) == (150, 0, pytest.approx(300.0))
     assert load.wait_ms() == pytest.approx(300.0)
     q.finish(t)
     assert (q.load(1.3).queued_prefill_tokens, q.load(1.3).free_slots) == (0, 1)
-    q.saving_reply(t, 150, now=1.3)  # after finish (a late event): ignored
+    q.saving_reply(t, [7] * 150, now=1.3)  # after finish (a late event): ignored
     assert q.load(1.3).queued_prefill_tokens == 0
+
+
+def test_a_next_turn_arriving_while_the_reply_is_saved_counts_only_what_goes_past_prompt_and_reply() -> None:
+    """The next turn (prompt + reply + its own message) arrives while the
+    previous answer's reply is saved: the engine makes it wait for the save
+    and it then restores prompt and reply, so its own estimate is its new
+    message only, while the load still counts the save's tokens ahead of it."""
+    q = EngineQueue(ms_per_token=2.0, slots=2, decode_ms_per_token=10.0)
+    prompt, reply = list(range(100)), list(range(1000, 1064))
+    t = q.admit(prompt, cached=0, max_tokens=64)
+    q.start(t, 0)
+    q.prefilled(t, 100, now=0.0)
+    q.saving_reply(t, reply, now=1.0)
+    assert q.load(1.0).queued_prefill_tokens == 64  # what the save has to evaluate
+    nxt = q.admit(prompt + reply + [5] * 30, cached=100, max_tokens=16)
+    assert nxt.estimate == 30  # only its own message: prompt and reply will be cached
+    load = q.load(1.0)
+    assert load.queued_prefill_tokens == 64 + 30 and load.wait_ms() == pytest.approx(2.0 * 94)
+    q.finish(t)
+    assert q.load(1.2).queued_prefill_tokens == 30 and len(q.ahead) == 1
 
 
 def test_a_check_is_background_work_it_holds_a_slot_but_is_not_in_the_queued_prefill_a_request_waits_for() -> None:

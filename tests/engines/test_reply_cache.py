@@ -106,6 +106,7 @@ def test_the_next_turn_reuses_prompt_and_reply_and_answers_exactly_as_a_cold_run
         return out
 
     first = trio.run(main)
+    trio.run(warm.wait_reply_saves)  # the replies are saved after the records (issue 18)
     tail = warm.chat_reply.tail
     for (ids, text, record), history in zip(first, conversations):
         assert record.finish_reason == ("length" if max_tokens == 24 else "stop"), record
@@ -116,7 +117,7 @@ def test_the_next_turn_reuses_prompt_and_reply_and_answers_exactly_as_a_cold_run
         assert rendered == len(prompt) + len(ids)  # SmolLM2 re-renders every generated token
         # The cache holds the prompt, the whole reply and the template's end of turn: all the next turn renders.
         assert warm.cache.match(nxt, touch=False) == rendered + len(tail)
-        assert record.extra["reply_cached_tokens"] == len(ids) + len(tail)
+        assert record.extra["reply_save_tokens"] == len(ids) + len(tail)
 
         again, again_text, hit = trio.run(_run, warm, nxt, 16)
         assert hit.reused_tokens == len(prompt) + len(ids) + len(tail)
@@ -138,7 +139,7 @@ def test_without_reply_caching_only_the_prompt_is_cached(engines: tuple[Any, Any
     cold.cache.clear()
     prompt = cold.chat_tokens([SYSTEM, {"role": "user", "content": "Name a colour."}])
     ids, _, record = trio.run(_run, cold, prompt, 12)
-    assert ids and record.extra["reply_cached_tokens"] == 0
+    assert ids and record.extra["reply_save_tokens"] == 0
     assert cold.cache.total_tokens == len(prompt)
     assert cold.describe()["reply_cache"] is False
 
@@ -150,6 +151,7 @@ def test_a_completion_caches_the_reply_tokens_with_nothing_after_them(engines: t
     prompt = warm.tokenize(text)
     ids, reply, record = trio.run(_run, warm, prompt, 20)
     assert record.finish_reason == "length"
+    trio.run(warm.wait_reply_saves)
     nxt = warm.tokenize(text + reply + "\nThe longest of them is")
     rendered = _common(prompt + ids, nxt)
     assert rendered == len(prompt) + len(ids)
@@ -173,6 +175,7 @@ def test_gemma3_completion_replies_are_cached_within_the_sliding_window_and_answ
         text = "The three longest rivers in Europe are"
         prompt = warm.tokenize(text)
         ids, reply, record = trio.run(_run, warm, prompt, 24)
+        trio.run(warm.wait_reply_saves)
         nxt = warm.tokenize(text + reply + "\nThe longest of them is")
         assert _common(prompt + ids, nxt) == len(prompt) + len(ids)
         assert warm.cache.match(nxt, touch=False) == len(prompt) + len(ids)
@@ -188,7 +191,7 @@ def test_gemma3_completion_replies_are_cached_within_the_sliding_window_and_answ
         long_prompt = warm.tokenize("Count: " + " ".join(str(i) for i in range(k)))
         _, _, record = trio.run(_run, warm, long_prompt, 48)
         assert len(long_prompt) <= warm.cache_window < len(long_prompt) + record.generated_tokens, record
-        assert record.extra["reply_cached_tokens"] == 0
+        assert record.extra["reply_save_tokens"] == 0
         assert warm.cache.total_tokens == len(long_prompt)  # the prompt itself fits: cached
     finally:
         trio.run(warm.aclose)
@@ -197,9 +200,9 @@ def test_gemma3_completion_replies_are_cached_within_the_sliding_window_and_answ
 
 def test_saving_a_reply_lets_the_other_slot_decode_and_counts_in_the_load() -> None:
     """The reply is evaluated again chunk by chunk in its own slot, between the
-    other slots' decode steps: a request decoding next to it keeps getting
-    tokens while the reply is saved, and the engine's load counts the reply's
-    tokens as queued prefill until its record."""
+    other slots' decode steps, after its request's record: a request decoding
+    next to it keeps getting tokens while the reply is saved, and the engine's
+    load counts the reply's tokens as queued prefill until the save ends."""
     from p2pinfer.engines.llama_cpp import LlamaCppEngine
 
     # Small prefill batches: a 48-token reply is evaluated again in 6 chunks.
@@ -231,6 +234,9 @@ def test_saving_a_reply_lets_the_other_slot_decode_and_counts_in_the_load() -> N
         async def reply_to_save() -> None:
             await decoding.wait()  # b is decoding in the other slot
             out["a"] = await consume("a", "The three longest rivers in Europe are", 48, None)
+            while engine.reply_saves.count == 0:  # a's reply is saved after its record
+                await trio.sleep(0.001)
+            log.append(("a-saved", trio.current_time(), engine.load().queued_prefill_tokens))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(long_answer)
@@ -239,20 +245,136 @@ def test_saving_a_reply_lets_the_other_slot_decode_and_counts_in_the_load() -> N
 
     try:
         a, b = trio.run(main)
-        saved = a.extra["reply_cached_tokens"]
+        trio.run(engine.wait_reply_saves)
+        saved = a.extra["reply_save_tokens"]
         assert a.finish_reason == "length" and saved >= 32, a  # at least 4 chunks of 8
         assert b.finish_reason == "length", b  # still decoding when a's reply was saved
         kinds = [k for k, _, _ in log]
-        last_a = max(i for i, k in enumerate(kinds) if k == "a-token")
-        end_a = kinds.index("a-record")
-        during = [log[i] for i in range(last_a + 1, end_a) if kinds[i] == "b-token"]
-        # Between a's last token and its record, b's decode steps went on: one after each reply chunk
+        end_a, saved_a = kinds.index("a-record"), kinds.index("a-saved")
+        assert kinds[end_a - 1] == "a-token" or "a-token" not in kinds[end_a:], kinds  # the record came right after
+        # Between a's record and the end of its save, b's decode steps went on: one after each reply chunk
         # but the last (exactly saved // 8 - 1 of them; the margin covers consumers woken out of order).
+        during = [log[i] for i in range(end_a + 1, saved_a) if kinds[i] == "b-token"]
         chunks = -(-saved // 8)
-        assert len(during) >= max(2, chunks // 2), (len(during), chunks, kinds[last_a:end_a + 1])
+        assert len(during) >= max(2, chunks // 2), (len(during), chunks, kinds[end_a:saved_a + 1])
         # While it was saved, the reply counted as queued prefill (b's prompt was done long before).
         assert saved in {q for _, _, q in during}, during
         assert engine.load().queued_prefill_tokens == 0
-        assert engine.describe()["replies_cached"] >= 1
+        saves = engine.describe()["reply_saves"]
+        assert saves["count"] == 2 and saves["errors"] == 0 and saves["in_progress"] == 0, saves  # a's and b's
+        assert engine.describe()["replies_cached"] == 2
     finally:
         trio.run(engine.aclose)
+
+
+def test_the_stream_ends_before_the_reply_is_saved() -> None:
+    """The answer's record follows its last token at once; saving the reply
+    (about a prefill of it) goes on after: the time from the last token to the
+    record is a small part of the save's own time, both measured here."""
+    from p2pinfer.engines.llama_cpp import LlamaCppEngine
+
+    engine = LlamaCppEngine(context_size=1024, slots=1, threads=1, cache_tokens=8192)
+    told: list[tuple[bool, int, int]] = []
+    """What a reply save listener (the node's digest) heard: (saving, path length, cached of the path then)."""
+    engine.watch_reply_saves(lambda path, saving: told.append((saving, len(path), engine.cache.match(path, touch=False))))
+    try:
+        prompt = engine.chat_tokens([SYSTEM, {"role": "user", "content": "Write a long story about a dragon and a knight."}])
+
+        async def main() -> tuple[float, float, float, GenerationRecord, dict[str, Any]]:
+            last = record_at = 0.0
+            record = None
+            at_record: dict[str, Any] = {}
+            async for item in engine.generate(prompt, GenerationParams(max_tokens=160, temperature=0.0)):
+                if isinstance(item, TokenChunk):
+                    last = trio.current_time()
+                else:
+                    record_at, record = trio.current_time(), item
+                    at_record = {"saves": engine.reply_saves.as_dict(), "replies_cached": engine.replies_cached,
+                                 "queued": engine.load().queued_prefill_tokens}
+            await engine.wait_reply_saves()
+            assert record is not None
+            return last, record_at, trio.current_time(), record, at_record
+
+        last, record_at, saved_at, record, at_record = trio.run(main)
+        tokens = record.extra["reply_save_tokens"]
+        assert tokens >= 64, record
+        # When the record came, the save was still going on: counted in the load, not yet in the cache.
+        assert at_record["saves"]["in_progress"] == 1 and at_record["replies_cached"] == 0, at_record
+        assert at_record["queued"] == tokens, at_record
+        stream_end, save = record_at - last, saved_at - last
+        assert stream_end < save / 5, (stream_end, save)
+        saves = engine.reply_saves
+        assert saves.count == 1 and saves.errors == 0 and saves.in_progress == 0
+        # Its own work and its wall time (from the record's side: they start a hair apart), within what the test saw.
+        assert saves.last_s and saves.last_wall_s and max(saves.last_s, saves.last_wall_s) <= save + 0.05
+        assert engine.replies_cached == 1
+        # The listener heard of the save as it started (prompt cached, reply not yet) and once the reply was in.
+        path = len(prompt) + tokens
+        assert told == [(True, path, len(prompt)), (False, path, path)], told
+    finally:
+        trio.run(engine.aclose)
+
+
+def test_a_reader_gone_after_the_last_token_does_not_stop_the_save(engines: tuple[Any, Any]) -> None:
+    """The save is the engine's work once the answer is complete: a reader that
+    closes the stream after its last token, before reading the record, leaves it
+    going, and the reply joins the cache."""
+    warm, _ = engines
+    warm.cache.clear()
+    history = [SYSTEM, {"role": "user", "content": "Name three rivers in Europe."}]
+    prompt = warm.chat_tokens(history)
+
+    async def main() -> tuple[list[int], str]:
+        ids: list[int] = []
+        text: list[str] = []
+        stream = warm.generate(prompt, GenerationParams(max_tokens=24, temperature=0.0))
+        async for item in stream:
+            assert isinstance(item, TokenChunk)
+            ids.extend(item.token_ids)
+            text.append(item.text)
+            if len(ids) == 24:
+                break  # its last token: the reader goes away without the record
+        await stream.aclose()
+        await warm.wait_reply_saves()
+        return ids, "".join(text)
+
+    before = warm.reply_saves.count
+    ids, text = trio.run(main)
+    assert warm.reply_saves.count == before + 1 and warm.load().active_requests == 0
+    nxt = warm.chat_tokens([*history, {"role": "assistant", "content": text}, {"role": "user", "content": "More."}])
+    assert warm.cache.match(nxt, touch=False) == len(prompt) + len(ids) + len(warm.chat_reply.tail)
+
+
+def test_a_next_turn_sent_as_the_stream_ends_waits_for_the_save_and_reuses_prompt_and_reply(
+    engines: tuple[Any, Any],
+) -> None:
+    """The client sends the next turn the moment the previous answer's stream
+    ended, while its reply is still being saved: the engine holds it until the
+    save ends (a slot is free), then it restores prompt and reply, exactly what
+    it reuses when sent later, and answers as a cold engine does."""
+    warm, cold = engines
+    warm.cache.clear()
+    cold.cache.clear()
+    history = [SYSTEM, {"role": "user", "content": "Write two lines about the sea."}]
+    prompt = warm.chat_tokens(history)
+
+    async def main() -> tuple[list[int], list[int], int, int, list[int], str, GenerationRecord]:
+        ids, text, first = await _run(warm, prompt, 64)
+        nxt = warm.chat_tokens([*history, {"role": "assistant", "content": text},
+                                {"role": "user", "content": "Tell me more."}])
+        cached_when_sent = warm.cache.match(nxt, touch=False)
+        saving_when_sent = warm.reply_saves.in_progress
+        again, again_text, hit = await _run(warm, nxt, 24)
+        return ids, nxt, cached_when_sent, saving_when_sent, again, again_text, hit
+
+    ids, nxt, cached_when_sent, saving_when_sent, again, again_text, hit = trio.run(main)
+    previous = len(prompt) + len(ids) + len(warm.chat_reply.tail)
+    assert nxt[:previous] == prompt + ids + list(warm.chat_reply.tail)
+    # Sent while the reply was being saved: the cache held the prompt only...
+    assert saving_when_sent == 1 and cached_when_sent == len(prompt), (saving_when_sent, cached_when_sent)
+    # ...and yet it reused prompt and reply, as a turn sent after the save does.
+    assert hit.reused_tokens == previous, (hit.reused_tokens, previous)
+    fresh, fresh_text, miss = trio.run(_run, cold, nxt, 24)
+    assert miss.reused_tokens == 0
+    assert again == fresh and again_text == fresh_text and fresh
+    trio.run(warm.wait_reply_saves)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 from hypothesis import given, settings, strategies as st
 import pytest
 
@@ -102,12 +104,21 @@ def test_response_round_trip():
     assert isinstance(err, RemoteError) and (err.code, err.message, err.peer) == ("BUSY", "queue full", PEER)
 
 
-def test_the_reply_save_time_travels_with_the_final_record():
-    # The llama.cpp engine's record says how long caching the reply took; the origin reports it too.
-    record = GenerationRecord(10, 8, 2, 0.01, 0.02, "stop", 0.001, extra={"reply_save_ms": 12.5, "slot": 1})
-    done = decode_response(encode_done(record, ME))
-    assert isinstance(done, Done) and done.record.extra == {"reply_save_ms": 12.5}
-    bad = pb.GenerateResponse(version=2, done=pb.GenerateDone(reply_save_s=-1.0, finish_reason="stop"))
+def test_the_final_record_carries_no_reply_save_time_and_ignores_an_old_nodes():
+    # The reply is saved after the record is sent (issue 18): field 9, reply_save_s, is reserved.
+    # An older node still sends it (double, field 9): the done decodes, the field is ignored.
+    assert "reply_save_s" not in pb.GenerateDone.DESCRIPTOR.fields_by_name
+    record = GenerationRecord(10, 8, 2, 0.01, 0.02, "stop", 0.001, extra={"reply_save_tokens": 40, "slot": 1})
+    encoded = encode_done(record, ME)
+    done = decode_response(encoded)
+    assert isinstance(done, Done) and done.record.extra == {}
+    old_field_9 = bytes([(9 << 3) | 1]) + struct.pack("<d", -1.0)  # even a value that was invalid then
+    msg = pb.GenerateResponse()
+    msg.ParseFromString(encoded)
+    msg.done.MergeFromString(old_field_9)
+    done = decode_response(msg.SerializeToString())
+    assert isinstance(done, Done) and done.record == GenerationRecord(10, 8, 2, 0.01, 0.02, "stop", 0.001)
+    bad = pb.GenerateResponse(version=2, done=pb.GenerateDone(ttft_s=-1.0, finish_reason="stop"))
     with pytest.raises(WireError, match="timings"):
         decode_response(bad.SerializeToString())
 

@@ -149,7 +149,7 @@ class TokenChunk(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class GenerateDone(_message.Message):
-    __slots__ = ("prompt_tokens", "reused_tokens", "generated_tokens", "ttft_s", "total_s", "finish_reason", "queue_s", "served_by", "reply_save_s")
+    __slots__ = ("prompt_tokens", "reused_tokens", "generated_tokens", "ttft_s", "total_s", "finish_reason", "queue_s", "served_by")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -158,7 +158,6 @@ class GenerateDone(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     QUEUE_S_FIELD_NUMBER: _ClassVar[int]
     SERVED_BY_FIELD_NUMBER: _ClassVar[int]
-    REPLY_SAVE_S_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     reused_tokens: int
     generated_tokens: int
@@ -167,8 +166,7 @@ class GenerateDone(_message.Message):
     finish_reason: str
     queue_s: float
     served_by: str
-    reply_save_s: float
-    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., finish_reason: _Optional[str] = ..., queue_s: _Optional[float] = ..., served_by: _Optional[str] = ..., reply_save_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., finish_reason: _Optional[str] = ..., queue_s: _Optional[float] = ..., served_by: _Optional[str] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message")
