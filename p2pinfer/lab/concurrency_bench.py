@@ -203,15 +203,7 @@ class P2pinferNode(ServerUnderTest):
 
     def settle(self, timeout_s: float = 120.0) -> None:
         """Until the node saves no reply (it saves the last answers' after their streams ended)."""
-        import httpx
-
-        status = self.base_url.removesuffix("/v1") + "/status"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            saves = httpx.get(status, timeout=30).json()["engine"].get("reply_saves")
-            if not saves or not saves["in_progress"]:
-                return
-            time.sleep(0.25)
+        self._swarm.nodes[0].wait_reply_saves(timeout_s)
 
 
 def _free_port() -> int:

@@ -73,21 +73,14 @@ def _messages(conv: int, turn: int, replies: dict[tuple[int, int], str]) -> list
     return msgs
 
 
-def _reply_save_ms(http: str, before: int, timeout_s: float = 120.0) -> tuple[float | None, int]:
+def _reply_save_ms(node: Any, before: int) -> tuple[float | None, int]:
     """The serving node's own time for the reply it saves after a turn, from its
     ``/status`` (a reply is saved after its answer ended, so no answer carries it),
     and its save count now. Waits until no save is in progress there; 0 when the
     turn saved none, None when the node does not report saves."""
-    import httpx  # noqa: PLC0415
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        saves = httpx.get(http + "/status", timeout=30).json().get("engine", {}).get("reply_saves")
-        if saves is None:
-            return None, before
-        if saves["in_progress"] == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
+    saves = node.wait_reply_saves(poll_s=0.02)
+    if saves is None:
+        return None, before
     return (saves["last_ms"] if saves["count"] > before else 0.0), saves["count"]
 
 
@@ -129,7 +122,7 @@ def _run_swarm(
             server = peer_index.get(facts["served_by"])
             save_ms = None
             if server is not None:  # turns are sequential: the serving node's last save is this turn's
-                save_ms, saves_seen[server] = _reply_save_ms(swarm.nodes[server].http, saves_seen.get(server, 0))
+                save_ms, saves_seen[server] = _reply_save_ms(swarm.nodes[server], saves_seen.get(server, 0))
             text = out.choices[0].message.content or ""
             replies[(conv, turn)] = text
             previous = left.get(conv)

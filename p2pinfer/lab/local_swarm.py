@@ -57,6 +57,16 @@ class LocalNode:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def wait_reply_saves(self, timeout_s: float = 120.0, poll_s: float = 0.25) -> dict[str, Any] | None:
+        """Until the node saves no reply (it saves each answer's after its stream ended), or
+        ``timeout_s``: its ``/status`` ``engine.reply_saves`` then, None when it reports none."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            saves = httpx.get(self.http + "/status", timeout=30).json().get("engine", {}).get("reply_saves")
+            if saves is None or saves["in_progress"] == 0 or time.monotonic() > deadline:
+                return saves
+            time.sleep(poll_s)
+
     def death_report(self, lines: int = 12) -> str:
         """Why the process ended, its last log lines and what to run next.
 
