@@ -21,6 +21,7 @@ import statistics
 import time
 from typing import Any
 
+from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..stats import percentile
 
 
@@ -225,12 +226,11 @@ def _gossip_volume_phase(procs: list[Any], rng: random.Random, idle_seconds: flo
         wait(60)
     elapsed = time.monotonic() - t0
     loaded = _gossip_volume(c0, counters(), elapsed)
-    from ..core.blocks import DEFAULT_BLOCK_SIZE as block_size
     loaded.update(
         {
             "request_rate_per_s": round(sent / elapsed, 2),
             "new_tokens_per_request": prompt_tokens,
-            "new_blocks_per_request": prompt_tokens // block_size,
+            "new_blocks_per_request": prompt_tokens // DEFAULT_BLOCK_SIZE,
         }
     )
     return idle, loaded
