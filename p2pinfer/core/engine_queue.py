@@ -31,10 +31,6 @@ as a live engine does:
 * **speed** (``Load.prefill_ms_per_token``): an EWMA (weight 0.25) of the
   measured ms per uncached token, for prefills of 16 tokens or more;
   shorter ones are dominated by fixed costs.
-  With it, its standard error (``Load.prefill_ms_per_token_se``): the
-  exponentially weighted variance of those measurements (same weight),
-  times ``weight / (2 - weight)``, the variance of an EWMA of independent
-  measurements: how far the estimate moves by noise alone.
 * **slots**: requests served at once. The llama.cpp engine batches
   ``slots`` requests (continuous batching); the simulated engine and the
   simulator's nodes serve one at a time (``slots=1``). :meth:`can_start`
@@ -58,7 +54,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 import heapq
-import math
 from typing import Literal
 
 from .peers import Load
@@ -195,8 +190,6 @@ class EngineQueue:
         self.max_queue = max_queue
         self.ms_per_token = max(ms_per_token, 1e-3)
         self.speed_measured = speed_measured
-        self.ms_var = 0.0
-        """Exponentially weighted variance of the measured ms/token (0 before two measurements)."""
         self._max_reuse = max_reuse
         self.decode_ms_per_token = decode_ms_per_token
         self.ahead = PromptsAhead()
@@ -216,14 +209,7 @@ class EngineQueue:
         is needed for the wait for a free slot, else it is reported as 0."""
         free = max(0, self.slots - self.active)
         wait = self.slot_wait_ms(now) if now is not None and not free else 0.0
-        return Load(
-            max(0, self.queued), self.ms_per_token, self.active, self.slots, free, wait, self.speed_measured, self.ms_se
-        )
-
-    @property
-    def ms_se(self) -> float:
-        """Standard error of the speed estimate (see the module docstring)."""
-        return math.sqrt(self.ms_var * SPEED_WEIGHT / (2 - SPEED_WEIGHT))
+        return Load(max(0, self.queued), self.ms_per_token, self.active, self.slots, free, wait, self.speed_measured)
 
     def slot_wait_ms(self, now: float) -> float:
         """How long a request arriving at ``now`` waits for a free slot (see the module docstring)."""
@@ -306,9 +292,7 @@ class EngineQueue:
             ticket.decode_ends = now + ticket.max_tokens * self.decode_ms_per_token / 1000.0
         if ms_per_token is not None and uncached >= MIN_TIMED_PREFILL:
             if self.speed_measured:
-                diff = ms_per_token - self.ms_per_token
                 self.ms_per_token = max(1e-3, (1 - SPEED_WEIGHT) * self.ms_per_token + SPEED_WEIGHT * ms_per_token)
-                self.ms_var = (1 - SPEED_WEIGHT) * (self.ms_var + SPEED_WEIGHT * diff * diff)
             else:
                 self.ms_per_token = max(1e-3, ms_per_token)
                 self.speed_measured = True

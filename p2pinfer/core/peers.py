@@ -71,12 +71,6 @@ class Load:
     not a measurement (a live engine before its first timed prefill): the
     ``cost`` policy then does not compare it with peers' measured speeds
     (see ``policies.local_speed``)."""
-    prefill_ms_per_token_se: float = 0.0
-    """Standard error of ``prefill_ms_per_token``, from the spread of the
-    prefills it was measured on (:class:`~p2pinfer.core.engine_queue.EngineQueue`);
-    0 when unknown. On machines shared with other work that spread is wide,
-    and the ``cost`` policy does not rank nodes of one model by speeds that
-    differ by less than their noise (:func:`~p2pinfer.core.policies.reference_speed`)."""
 
     def wait_ms(self) -> float:
         """How long a request arriving now waits before its own prefill: the

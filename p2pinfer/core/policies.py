@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-import math
 import random
 import statistics
 from typing import Protocol
@@ -174,18 +173,6 @@ class TtftEstimator:
     Without it a 1 s old report overstates a busy peer's queue by up to
     1 s, and cold local recomputes replace cheap forwards (simulator,
     docs/results.md, issue 6)."""
-    speed_noise_z: float = 2.0
-    """Speeds are compared like with like within noise: a candidate whose
-    measured speed is within this many standard errors of the median
-    measured speed (``sqrt(se² + se_ref²)``, from the spread of each
-    estimate's own measurements: ``Load.prefill_ms_per_token_se``) is
-    estimated at the median. Nodes serving one model on cores shared with
-    each other or with other work measure speeds that differ by contention
-    alone; at face value the fastest-looking one took the cold prompts,
-    and one that had measured a slow spell got none and so never measured
-    again (a live run: one node served 6 of 200 requests; issue 22). A real
-    difference (another machine) is consistent, its standard errors small,
-    and still counts. 0: speeds at face value."""
 
     def candidate(
         self,
@@ -246,22 +233,10 @@ def reference_speed(loads: Iterable[Load]) -> float | None:
     return statistics.median(speeds) if speeds else None
 
 
-def _reference_se(loads: Iterable[Load]) -> float:
-    """The median standard error of the measured speeds among ``loads`` (0: none known)."""
-    ses = sorted(load.prefill_ms_per_token_se for load in loads if load.speed_measured)
-    return statistics.median(ses) if ses else 0.0
-
-
-def _like_with_like(load: Load, reference: float | None, band_z: float = 0.0, reference_se: float = 0.0) -> Load:
-    """``load`` with its speed set to ``reference`` when it measured none (see
-    :func:`reference_speed`), or when its measured speed is within ``band_z``
-    standard errors of it (see ``TtftEstimator.speed_noise_z``)."""
-    if reference is None or load.prefill_ms_per_token == reference:
+def _like_with_like(load: Load, reference: float | None) -> Load:
+    """``load`` with its speed set to ``reference`` when it measured none (see :func:`reference_speed`)."""
+    if load.speed_measured or reference is None:
         return load
-    if load.speed_measured:
-        band = band_z * math.hypot(load.prefill_ms_per_token_se, reference_se)
-        if abs(load.prefill_ms_per_token - reference) > band:
-            return load
     return replace(load, prefill_ms_per_token=reference)
 
 
@@ -318,17 +293,12 @@ def _candidates(
     everyone = [load for _, _, load in loads] + ([] if local is None else [local.load])
     reference = reference_speed(everyone)
     replaced = reference if reference is not None and not all(load.speed_measured for load in everyone) else None
-    z, ref_se = estimator.speed_noise_z, _reference_se(everyone)
-
-    def like(load: Load) -> Load:
-        return _like_with_like(load, reference, z, ref_se)
-
     out = [
         estimator.candidate(
             peer.peer_id,
             request.prompt_tokens,
             match,
-            like(load),
+            _like_with_like(load, reference),
             estimator.default_rtt_ms if peer.rtt_ms is None else peer.rtt_ms,
             peer.digest_age(now),
         )
@@ -336,7 +306,7 @@ def _candidates(
     ]
     if local is not None:
         out.append(
-            estimator.candidate(LOCAL, request.prompt_tokens, local.match_tokens, like(local.load), 0.0)
+            estimator.candidate(LOCAL, request.prompt_tokens, local.match_tokens, _like_with_like(local.load, reference), 0.0)
         )
     return out, replaced
 

@@ -123,8 +123,6 @@ class SimConfig:
     cost: EngineCostModel = field(default_factory=EngineCostModel)
     work_weight: float = TtftEstimator().work_weight
     """TtftEstimator.work_weight of the cost and oracle policies (default: the core's)."""
-    speed_noise_z: float = TtftEstimator().speed_noise_z
-    """TtftEstimator.speed_noise_z of the cost and oracle policies (0: speeds at face value, the rule before issue 22's noise band)."""
     drain_reported_queue: bool = True
     """TtftEstimator.drain_reported_queue of the cost policy (an ablation switch)."""
     touch_on_admit: bool = True

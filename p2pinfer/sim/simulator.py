@@ -222,9 +222,7 @@ class Simulator(DirectoryMode):
 
     def _cost_rule(self) -> CostPolicy:
         cfg = self.config
-        return CostPolicy(estimator=TtftEstimator(
-            work_weight=cfg.work_weight, drain_reported_queue=cfg.drain_reported_queue, speed_noise_z=cfg.speed_noise_z,
-        ))
+        return CostPolicy(estimator=TtftEstimator(work_weight=cfg.work_weight, drain_reported_queue=cfg.drain_reported_queue))
 
     # -- gossip --------------------------------------------------------------
     def _publish(self, src: SimNode, kind: str, obj: Any, payload_len: int, wire_len: int) -> None:
