@@ -5,7 +5,7 @@ paired between the variants. ``--noise S`` multiplies every prefill speed a node
 lognormal factor (sigma S, median 1; seeded per run) without changing the work: the estimate noise
 of a live box where other processes share the cores (live per-prefill ms/token spread: coefficient
 of variation 0.55-1.0 in the a096235 runs, against about 0.2 from the simulator's core sharing alone).
-Run from the worktree root:
+Needs the band, so it runs at commit 9c2e33f only (reverted after). Run from the worktree root:
 
     PYTHONPATH=. python docs/results/issue22-noise/ab.py --z 0,2 --seeds 10 --out FILE [--noise 0.5] [--nodes 4]
 """
