@@ -114,6 +114,10 @@ class Controller:
         state = self.node.router.view.get(peer)
         return None if state is None else sorted(state.hashes)
 
+    async def cmd_pull_digest(self, _id: Any, peer: str) -> bool:
+        """Pull ``peer``'s digest now (what a node does when it falls behind)."""
+        return await self.node.puller.pull(peer)
+
     async def cmd_view(self, _id: Any) -> dict[str, Any]:
         now = time.monotonic()
         view = self.node.router.view

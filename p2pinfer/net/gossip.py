@@ -201,7 +201,12 @@ class GossipService:
         await self.publish_digest(self.router.full_digest(), full=True)
 
     async def flush_delta(self) -> None:
-        """Publish pending cache changes now (before a full digest is served)."""
+        """Publish pending cache changes now (before a full digest is served).
+
+        Nothing while digests are off (directory mode): a pull served then must
+        not leak the delta onto the topic, where every peer would fold it in."""
+        if not self.publish_digests():
+            return
         delta = self.router.take_delta()
         if delta is not None:
             self._last_delta = time.monotonic()

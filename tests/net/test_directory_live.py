@@ -18,6 +18,7 @@ holder is the policy's choice on any machine.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import replace
 
 import pytest
@@ -85,6 +86,12 @@ def test_registration_lookup_and_forward_to_the_holder(cluster):
     assert all(not n.call("status")["discovery"]["digests_published"] for n in nodes.values())
 
     assert c.call("generate", tokens=shared, max_tokens=2, prefer="local")["served_locally"]
+    # A pull of C's digest (what a node that falls behind does) must not push C's
+    # pending changes onto the gossip topic either: a pull once flushed them as a
+    # delta, and every peer whose copy matched its base folded C's blocks in.
+    assert a.call("pull_digest", peer=c.peer_id)
+    time.sleep(1.0)  # ten delta intervals: a leaked delta has reached the others by now
+    assert {name: n.call("status")["counters"]["digests_applied"] for name, n in nodes.items()} == dict.fromkeys(nodes, 0)
     c.call("directory_flush")
     blocks = len(shared) // 16 - 4 + 1  # blocks at or below the anchor depth (4)
     by_id = {n.peer_id: n for n in nodes.values()}
