@@ -106,6 +106,9 @@ def simulate(
         0.0, min=0.0, help="Every node on one machine with this many cores, shared (0: one machine per node)."),
     concurrency: int = typer.Option(
         0, min=0, help="Closed loop: this many requests in flight, the next sent when one completes (0: open loop)."),
+    slots: int = typer.Option(
+        1, min=1, max=64, help="Requests each node serves at once: continuous batching as in the llama-cpp engine "
+        "(prompt chunks interleaved with batched decode steps); 1: one at a time, as the published figures."),
     trace: Optional[Path] = typer.Option(None, help="JSONL trace to replay (with --workload trace)."),
     mmlu_dir: Optional[Path] = typer.Option(None, help="MMLU folder with dev/ and test/ (default: the packaged subset)."),
     tokenizer: str = typer.Option("auto", help="auto (the model's when installed), model or approx."),
@@ -179,6 +182,7 @@ def simulate(
         churn_interval_s=churn_interval,
         shared_cores=shared_cores,
         concurrency=concurrency,
+        slots=slots,
         reply_cache=reply_cache,
         warmup=warmup,
         seed=seed,

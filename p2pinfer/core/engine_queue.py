@@ -51,14 +51,16 @@ deque in the simulator) stays with its owner.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 import heapq
 from typing import Literal
 
 from .peers import Load
 
-__all__ = ["CHECK_EVERY", "CheckTurns", "EngineQueue", "PromptsAhead", "QueueFull", "Ticket", "shared_prefix_len"]
+__all__ = [
+    "CHECK_EVERY", "CheckTurns", "EngineQueue", "PromptsAhead", "QueueFull", "Ticket", "shared_prefix_len", "waits_for_prefix",
+]
 
 SPEED_WEIGHT = 0.25
 """Weight of the newest measurement in the prefill speed estimate."""
@@ -113,6 +115,28 @@ def shared_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def waits_for_prefix(
+    tokens: Sequence[int], cached: int, ahead: Iterable[Sequence[int]], block_size: int, max_reuse: int | None = None
+) -> bool:
+    """Whether a request that could take a free slot now should wait instead.
+
+    ``ahead``: what work in service (or queued before it) will have cached
+    when it ends: prompts still in prefill, prompt + reply of replies being
+    saved, the prompts waiting ahead of this one. ``cached``: what the cache
+    gives ``tokens`` now. If some of that work will cache at least one block
+    more of its prefix than the cache holds now (``max_reuse``: the most
+    cached tokens it may use), it waits: it then restores that prefix
+    instead of computing it a second time in parallel, in a second slot.
+    Others go past it. The admission rule of the llama.cpp engine and of the
+    simulator's nodes with several slots: one rule, so that the simulator
+    predicts what the engine does.
+    """
+    pending = max((shared_prefix_len(p, tokens) for p in ahead), default=0)
+    if max_reuse is not None:
+        pending = min(pending, max_reuse)
+    return pending >= cached + block_size
 
 
 class PromptsAhead:

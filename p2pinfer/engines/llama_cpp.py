@@ -66,7 +66,7 @@ import trio
 
 from ..core.blocks import DEFAULT_BLOCK_SIZE, ModelFingerprint
 from ..core.costmodel import EngineCostModel
-from ..core.engine_queue import EngineQueue, QueueFull, Ticket, shared_prefix_len
+from ..core.engine_queue import EngineQueue, QueueFull, Ticket, waits_for_prefix
 from ..core.peers import Load
 from ..core.radix import RadixTree
 from .base import (
@@ -567,7 +567,9 @@ class LlamaCppEngine(Engine):
         waits for that work: it will then restore the prefix instead of
         computing it a second time in parallel. So a conversation's next
         turn, sent the moment the previous answer's stream ended, reuses
-        that reply as if it had come later. Others go past it.
+        that reply as if it had come later. Others go past it. The rule is
+        :func:`~p2pinfer.core.engine_queue.waits_for_prefix`, which the
+        simulator's nodes with several slots follow too.
         """
         if self._closed:
             return
@@ -578,9 +580,9 @@ class LlamaCppEngine(Engine):
                 break
             n = len(req.tokens)
             cached = min(self._cache.match(req.tokens, touch=False), _max_reuse(n))
-            pending = max((shared_prefix_len(p, req.tokens) for p in ahead), default=0)
+            wait = waits_for_prefix(req.tokens, cached, ahead, self._block_size, _max_reuse(n))
             ahead.append(req.tokens)
-            if min(pending, _max_reuse(n)) >= cached + self._block_size:
+            if wait:
                 continue
             self._waiting.remove(req)
             self._start(req)

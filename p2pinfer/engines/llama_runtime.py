@@ -46,6 +46,7 @@ from typing import Any
 import blake3
 import llama_cpp as _ll
 
+from ..core.costmodel import chunk_cuts
 from .base import TokenLogprob
 from .kv_state import KvFormatError, KvLayout, KvSpan, KvWindowError, encode, parse
 
@@ -465,12 +466,7 @@ class LlamaRuntime:
         token's KV not to depend on where a cache hit ended. (Without flash
         attention results do not depend on the batches at all.)
         """
-        size = self.n_batch
-        out = [(off, min(size, n - off)) for off in range(0, n, size)]
-        if len(out) > 1 and out[-1][1] == 1:
-            (o1, n1), (o2, _) = out[-2], out[-1]
-            out[-2:] = [(o1, n1 - 1), (o2 - 1, 2)]
-        return out
+        return chunk_cuts(n, self.n_batch)
 
     def logits(self, index: int) -> bytes:
         """The raw float32 logits of batch row ``index`` (for exactness checks)."""

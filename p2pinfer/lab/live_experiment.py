@@ -99,6 +99,7 @@ def run_live_experiment(
 
     console = Console(stderr=True, quiet=quiet)
     reqs, meta = mmlu_live_requests(requests, nodes, max_subjects=subjects, seed=seed, max_tokens=max_tokens)
+    slots_per_node = (slots or default_slots(0, threads)) if engine == "llama-cpp" else None
     node_args = ["--threads", str(threads)] if engine == "llama-cpp" else []
     if cache_tokens is not None:
         node_args += ["--cache-tokens", str(cache_tokens)]
@@ -137,7 +138,7 @@ def run_live_experiment(
                 summary["simulator"] = predict_live_run(
                     reqs, summary["outcomes"], policy=policy, nodes=nodes, cache_tokens=cache_tokens,
                     concurrency=concurrency, rtt_ms=summary["peer_rtt_ms_median"],
-                    prefill_estimates=run.prefill_ms_per_token, seed=seed,
+                    prefill_estimates=run.prefill_ms_per_token, seed=seed, slots=slots_per_node or 1,
                 )
             summaries.append(summary)
     return {
@@ -150,7 +151,7 @@ def run_live_experiment(
         "max_tokens": max_tokens,
         "cache_tokens_per_node": cache_tokens,
         "threads_per_node": threads,
-        "slots_per_node": (slots or default_slots(0, threads)) if engine == "llama-cpp" else None,
+        "slots_per_node": slots_per_node,
         "seed": seed,
         "workload": {"kind": "mmlu-five-shot", **meta},
         "ttft_measured": "at the client: request sent -> first streamed token",
@@ -161,7 +162,8 @@ def run_live_experiment(
 
 
 def replay_result(path: Path, cores: float | None = None) -> dict[str, Any]:
-    """Every policy of a saved ``bench swarm --out`` JSON through the simulator again."""
+    """Every policy of a saved ``bench swarm --out`` JSON through the simulator again, on nodes of
+    the run's ``slots_per_node`` (one when the JSON has none: a run before slots, or simulated engines)."""
     from ..lab.live_bench import mmlu_live_requests
 
     data = json.loads(path.read_text())
@@ -185,6 +187,7 @@ def replay_result(path: Path, cores: float | None = None) -> dict[str, Any]:
             reqs, p["outcomes"], policy=p["policy"], nodes=data["nodes"], cache_tokens=cache_tokens,
             concurrency=data["concurrency"], rtt_ms=p.get("peer_rtt_ms_median"),
             prefill_estimates=p.get("prefill_ms_per_token_nodes") or (), cores=cores, seed=data["seed"],
+            slots=int(data.get("slots_per_node") or 1),  # runs before slots, or of the simulated engine: one
         )
         out.append({**{k: v for k, v in p.items() if k not in ("outcomes", "simulator")}, "simulator": sim})
     return {**{k: v for k, v in data.items() if k != "policies"}, "policies": out, "replayed_from": str(path)}

@@ -129,9 +129,11 @@ def simulate_live_run(
     concurrency: int,
     seed: int = 1,
     shared_cores: float = 0.0,
+    slots: int = 1,
 ) -> dict[str, Any]:
     """Simulate ``requests`` sent in order to their entry nodes by a client
-    that keeps ``concurrency`` in flight, as ``bench swarm``'s does.
+    that keeps ``concurrency`` in flight, as ``bench swarm``'s does, on
+    nodes of ``slots`` slots each (the live nodes' ``slots_per_node``).
 
     A closed loop, not the live send times: replaying those open-loop would
     feed a slightly slower model more work than it can serve, and its
@@ -146,7 +148,7 @@ def simulate_live_run(
     timed = [TimedRequest(0.0, Prompt(r.label, (r.prompt,), output_tokens=r.max_tokens), entry=r.entry) for r in requests]
     config = SimConfig(
         nodes=nodes, policy=policy, latency=f"{one_way_ms:g}", cache_tokens=cache_tokens, cost=cost,
-        warmup=0.0, seed=seed, shared_cores=shared_cores, concurrency=concurrency,
+        warmup=0.0, seed=seed, shared_cores=shared_cores, concurrency=concurrency, slots=slots,
     )
     info = {"kind": "replay of a live bench swarm run", "requests": len(timed)}
     result = Simulator(config, timed, PromptEncoder(load_tokenizer("auto")), workload=info).run()
@@ -158,6 +160,7 @@ def simulate_live_run(
         "one_way_ms": one_way_ms,
         "shared_cores": shared_cores or None,
         "concurrency": concurrency,
+        "slots_per_node": slots,
         "cost_model": cost.as_dict(),
     }
 
@@ -174,6 +177,7 @@ def predict_live_run(
     prefill_estimates: Sequence[float] = (),
     cores: float | None = None,
     seed: int = 1,
+    slots: int = 1,
 ) -> dict[str, Any]:
     """The simulator's prediction for one live policy run, from its outcomes
     (``bench swarm``'s per-request records, live or read back from its JSON).
@@ -198,7 +202,10 @@ def predict_live_run(
         what=f"engine timings, as full-speed work on {cores:g} shared cores,",
     ) or fallback
     apart_cost = fit_engine_timing([(o["prompt_tokens"], o["reused"], o["engine_prefill_ms"]) for o in done]) or fallback
-    common = dict(policy=policy, nodes=nodes, cache_tokens=cache_tokens, one_way_ms=one_way, concurrency=concurrency, seed=seed)
+    common = dict(
+        policy=policy, nodes=nodes, cache_tokens=cache_tokens, one_way_ms=one_way, concurrency=concurrency, seed=seed,
+        slots=slots,
+    )
     shared = simulate_live_run(requests, cost=shared_cost, shared_cores=cores, **common)  # type: ignore[arg-type]
     apart = simulate_live_run(requests, cost=apart_cost, **common)  # type: ignore[arg-type]
     ttft = [o["ttft_ms"] for o in outcomes if o.get("ok") and o.get("ttft_ms") is not None]

@@ -184,6 +184,7 @@ def summarise(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
             "churn_interval_s": cfg.churn_interval_s or None,
             "shared_cores": cfg.shared_cores or "none: one machine per node",
             "arrivals": f"closed loop, {cfg.concurrency} in flight" if cfg.concurrency else "open loop, at their times",
+            "slots_per_node": cfg.slots,
             "warmup_share": cfg.warmup,
             "seed": cfg.seed,
         },

@@ -11,6 +11,7 @@ requests and jobs (no behaviour beyond their own bookkeeping).
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 import hashlib
 import os
@@ -24,6 +25,7 @@ from ..core.directory import AnchorTracker, DirectoryConfig, DirectoryStore
 from ..core.engine_queue import EngineQueue, Ticket
 from ..core.peers import Load
 from ..core.policies import POLICIES, TtftEstimator, Decision
+from ..core.radix import PinHandle
 from ..core.router import AnnounceSchedule, GossipConfig, Router, RouterConfig, TrustConfig
 from .network import DEFAULT_ENVELOPE_BYTES, DEFAULT_MESH_DEGREE, parse_latency
 
@@ -140,6 +142,12 @@ class SimConfig:
     record_timeline: bool = False
     shadow_oracle: bool = False
     """Also compute the oracle's decision at every ``cost`` decision and count agreement."""
+    slots: int = 1
+    """Requests each node serves at once. 1 (the default, so that earlier
+    figures reproduce): one at a time, a whole answer after the other. More:
+    the llama.cpp engine's continuous batching (``batching.py``): prompt
+    chunks interleaved with decode steps batched over the decoding slots,
+    priced by ``EngineCostModel.decode_step_ms``."""
 
     def validate(self) -> None:
         if self.nodes < 1:
@@ -162,6 +170,8 @@ class SimConfig:
             raise ValueError("instant gossip is a gossip-discovery setting")
         if self.membership_delay_s < 0:
             raise ValueError("membership_delay_s must be >= 0")
+        if self.slots < 1:
+            raise ValueError("slots must be >= 1")
         parse_latency(self.latency)
         need, have = self.view_memory_estimate(), _memory_bytes()
         if have and need > 0.6 * have:
@@ -230,7 +240,10 @@ class Req:
 
 
 class Job:
-    __slots__ = ("req", "gen", "origin", "predicted", "ticket", "reused", "in_service", "started", "work_s")
+    __slots__ = (
+        "req", "gen", "origin", "predicted", "ticket", "reused", "in_service", "started", "work_s",
+        "cuts", "pin", "prefill_wall_s", "generated", "decode_steps", "decode_s",
+    )
 
     def __init__(self, req: Req, origin: SimNode, predicted: int) -> None:
         self.req = req
@@ -245,12 +258,34 @@ class Job:
         self.started = 0.0
         self.work_s = 0.0
         """Its prefill at full speed (it takes longer on shared cores)."""
+        # With several slots (batching.py):
+        self.cuts: list[int] = []
+        """Sizes of its prompt chunks still to evaluate, the next first (empty: prefill done or not started)."""
+        self.pin: PinHandle | None = None
+        """Its cached prefix, pinned from its start to the end of its prefill."""
+        self.prefill_wall_s = 0.0
+        """Time its chunks took (longer than ``work_s`` on shared cores)."""
+        self.generated = 0
+        self.decode_steps = 0
+        self.decode_s = 0.0
+        """Time of the decode steps it took part in (what a live engine measures its decode speed from)."""
 
 
 class SimNode:
     """A node: cache, router, FIFO queue and its EngineQueue; ``load()`` is what its engine reports."""
 
-    def __init__(self, idx: int, node_id: str, router: Router, cost: EngineCostModel, topic: int, now: float) -> None:
+    def __init__(
+        self,
+        idx: int,
+        node_id: str,
+        router: Router,
+        cost: EngineCostModel,
+        topic: int,
+        now: float,
+        *,
+        slots: int = 1,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self.idx = idx
         self.id = node_id
         self.router = router
@@ -258,8 +293,22 @@ class SimNode:
         self.topic = topic
         self.alive = True
         self.queue: deque[Job] = deque()
+        """Accepted, waiting for a slot, in arrival order."""
         self.current: Job | None = None
-        self.engine = EngineQueue(ms_per_token=cost.prefill_ms_per_token)
+        """With one slot: the job it serves."""
+        self.slots = slots
+        self.running: list[Job] = []
+        """With several slots: the jobs in them, in admission order."""
+        self.computing = False
+        """With several slots: a prompt chunk or a decode step is being computed."""
+        self._clock = clock
+        self.engine = EngineQueue(
+            ms_per_token=cost.prefill_ms_per_token,
+            slots=slots,
+            # With several slots the wait for one is estimated from the decode speed (starting from the
+            # calibrated single-sequence one, then what its answers measure, as a live engine does).
+            decode_ms_per_token=cost.decode_ms_per_token if slots > 1 else None,
+        )
         """Its engine's queue accounting, the very model a live engine keeps."""
         self.said_busy = False
         """What its last load report said (the valve is edge-triggered)."""
@@ -292,12 +341,13 @@ class SimNode:
         return True
 
     def load(self) -> Load:
-        return self.engine.load()
+        """Its engine's load report now (the wait for a free slot needs the clock)."""
+        return self.engine.load(None if self._clock is None else self._clock())
 
     def is_busy(self) -> bool:
         """It refuses forwarded work now, as ``Node.is_busy`` (a simulated node
         has no limit on forwards in flight, only the queue threshold)."""
-        return self.router.over_busy_queue(self.engine.load())
+        return self.router.over_busy_queue(self.load())
 
     def new_attempts(self, decision: Decision, tokens: list[int], hashes: list[int]) -> RequestAttempts:
         """The lifecycle of a request entering here (as ``Node.generate`` builds it)."""

@@ -5,7 +5,9 @@ Every simulated node owns what a live node owns (``model.py``): a
 :class:`~p2pinfer.core.router.Router` (digest tracker, peer view, policy
 object) and its engine's queue accounting
 (:class:`~p2pinfer.core.engine_queue.EngineQueue`), served one request at a
-time, like one llama.cpp context. Digests travel between routers as the
+time (``slots=1``, the default), or ``slots`` at once with batched decode
+steps and chunked prefills like the llama.cpp engine's slot loop
+(``batching.py``). Digests travel between routers as the
 encoded CBOR bytes ``Router.take_delta()`` / ``Router.full_digest()``
 produce, on the :class:`~p2pinfer.core.router.GossipConfig` schedule; what
 changes is only the clock (virtual, a heap of events) and the engine
@@ -52,6 +54,7 @@ from ..core.policies import TtftEstimator, CostPolicy, Decision, LocalState, Rou
 from ..core.radix import RadixTree
 from ..core.router import Router, RouterConfig
 from ..workloads.base import PromptEncoder, TimedRequest
+from .batching import SlotBatching
 from .cpu import SharedCpu
 from .directory_mode import DirectoryMode
 from .metrics import summarise
@@ -61,7 +64,7 @@ from .oracle import OracleIndex, OraclePolicy
 
 __all__ = ["SIM_POLICIES", "SimConfig", "SimNode", "Simulator", "default_fingerprint"]
 
-class Simulator(DirectoryMode):
+class Simulator(SlotBatching, DirectoryMode):
     """One run: ``Simulator(config, requests, encoder).run()`` -> result dict."""
 
     def __init__(
@@ -141,6 +144,9 @@ class Simulator(DirectoryMode):
         self.events = 0
 
     # -- event queue ---------------------------------------------------------
+    def _clock(self) -> float:
+        return self.now
+
     def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, fn, args))
@@ -180,7 +186,7 @@ class Simulator(DirectoryMode):
         node_id = sim_peer_id(self.config.seed, idx)
         router = self._new_router(idx, node_id, RadixTree(self.config.cache_tokens))
         topic = self._assign_topic()
-        node = SimNode(idx, node_id, router, self.config.cost, topic, self.now)
+        node = SimNode(idx, node_id, router, self.config.cost, topic, self.now, slots=self.config.slots, clock=self._clock)
         if self.config.policy == "cost":
             router.policy = self._cost_rule()
         if self.config.policy == "oracle":
@@ -483,10 +489,14 @@ class Simulator(DirectoryMode):
         tokens = job.req.tokens
         router = node.router
         hashes = router.hasher.hashes(tokens)
-        job.ticket = node.engine.admit(tokens, node.cache.match(tokens, touch=self.config.touch_on_admit))
+        cached = node.cache.match(tokens, touch=self.config.touch_on_admit)
+        job.ticket = node.engine.admit(tokens, cached, job.req.output_tokens)
         job.in_service = router.begin_serving(tokens, hashes=hashes)
         node.queue.append(job)
-        if node.engine.can_start():
+        if node.slots > 1:
+            self._admit_slots(node)
+            self._iterate(node)
+        elif node.engine.can_start():
             self._start(node)
         self._check_busy(node)
 
@@ -520,6 +530,15 @@ class Simulator(DirectoryMode):
         node.engine.prefilled(job.ticket, len(req.tokens) - job.reused, measured)  # type: ignore[arg-type]
         node.cache.insert(req.tokens)
         node.router.end_serving(job.in_service)
+        self._first_token(node, job)
+        decode = self.config.cost.decode_ms(req.output_tokens) / 1000.0
+        node.busy_s += decode
+        self._compute(node, decode, self._done, node, job)
+        self._check_busy(node)
+
+    def _first_token(self, node: SimNode, job: Job) -> None:
+        """``job``'s prefill is done on ``node``: its first token goes to the entry (one link back)."""
+        req = job.req
         if job.gen == req.gen and not req.done:
             back = 0.0 if job.origin is node else self.link_s(node, job.origin)
             req.first_token = self.now + back
@@ -529,10 +548,6 @@ class Simulator(DirectoryMode):
                 self.at(self.now + back, self._first_token_arrive, job.origin, node)
         else:
             self.orphaned += 1
-        decode = self.config.cost.decode_ms(req.output_tokens) / 1000.0
-        node.busy_s += decode
-        self._compute(node, decode, self._done, node, job)
-        self._check_busy(node)
 
     def _first_token_arrive(self, origin: SimNode, peer: SimNode) -> None:
         if origin.alive:
@@ -557,6 +572,12 @@ class Simulator(DirectoryMode):
             return
         node.engine.finish(job.ticket)  # type: ignore[arg-type]
         node.current = None
+        self._complete(node, job)
+        if node.queue:
+            self._start(node)
+
+    def _complete(self, node: SimNode, job: Job) -> None:
+        """``job``'s answer ended on ``node`` (out of the engine's queue already): the request completes."""
         req = job.req
         if req.reply and req.tokens:  # the engine caches the reply when its generation ends (reply_cache)
             node.cache.insert(req.tokens + req.reply)
@@ -579,8 +600,6 @@ class Simulator(DirectoryMode):
                 back = 0.0 if job.origin is node else self.link_s(node, job.origin)
                 self.at(self.now + back, self._arrive, self._next_send)
                 self._next_send += 1
-        if node.queue:
-            self._start(node)
 
     # -- churn ---------------------------------------------------------------
     def _churn(self) -> None:
@@ -614,9 +633,10 @@ class Simulator(DirectoryMode):
             self.oracle_index.detach(node.idx)
         if self.dir_on:
             self.at(self.now + self.config.membership_delay_s, self._member_leave, node)
-        jobs = list(node.queue) + ([node.current] if node.current is not None else [])
+        jobs = list(node.queue) + ([node.current] if node.current is not None else []) + node.running
         node.queue.clear()
         node.current = None
+        node.running = []
         if self.cpu is not None:
             self.cpu.cancel(node)
         served_here = {job.req.rid for job in jobs if job.gen == job.req.gen}

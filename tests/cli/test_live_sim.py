@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from p2pinfer.core.costmodel import EngineCostModel
@@ -104,3 +107,29 @@ def test_live_requests_by_subject_name_use_exactly_those_subjects() -> None:
     assert {r.entry for r in reqs} <= {0, 1, 2}
     with pytest.raises(ValueError, match="unknown MMLU subjects: no_such_subject"):
         mmlu_live_requests(2, 2, subjects=["anatomy", "no_such_subject"])
+
+
+def test_swarm_replay_takes_the_runs_slots_per_node(tmp_path: Path) -> None:
+    """``bench swarm-replay``: nodes of the live run's ``slots_per_node``; one when the JSON has none (older runs)."""
+    from p2pinfer.lab.live_bench import mmlu_live_requests
+    from p2pinfer.lab.live_experiment import replay_result
+
+    reqs, meta = mmlu_live_requests(16, 2, max_subjects=2, seed=3, max_tokens=8)
+    outcomes = [
+        {"ok": True, "sent_s": 0.5 * i, "ttft_ms": 800.0, "engine_prefill_ms": 600.0, "prompt_tokens": 150, "reused": 0}
+        for i in range(len(reqs))
+    ]
+    data = {
+        "nodes": 2, "requests": 16, "concurrency": 4, "seed": 3, "max_tokens": 8, "cache_tokens_per_node": 20_000,
+        "workload": {"subjects": meta["subjects"]}, "slots_per_node": 4,
+        "policies": [{"policy": "cost", "outcomes": outcomes, "peer_rtt_ms_median": 1.0}],
+    }
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(data))
+    four = replay_result(path, cores=2)["policies"][0]["simulator"]
+    assert four["slots_per_node"] == 4 and four["one_machine_per_node"]["slots_per_node"] == 4
+    del data["slots_per_node"]
+    path.write_text(json.dumps(data))
+    one = replay_result(path, cores=2)["policies"][0]["simulator"]
+    assert one["slots_per_node"] == 1
+    assert one["ttft_ms"] != four["ttft_ms"]

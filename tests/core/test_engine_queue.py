@@ -197,3 +197,20 @@ def test_check_turns_let_requests_go_first_and_never_starve_a_check() -> None:
     assert [turns.next(False, True) for _ in range(3)] == ["check"] * 3  # all turns when no request prefills
     with pytest.raises(ValueError):
         CheckTurns(every=0)
+
+
+def test_waits_for_prefix_is_the_shared_admission_rule() -> None:
+    from p2pinfer.core.engine_queue import waits_for_prefix
+
+    prompt = list(range(100))
+    in_prefill = list(range(80)) + [999]
+    # Work ahead will cache 80 tokens of it, the cache holds none: one block (16) more or better: wait.
+    assert waits_for_prefix(prompt, 0, [in_prefill], 16)
+    # The cache already holds 70: the work ahead adds less than a block: go.
+    assert not waits_for_prefix(prompt, 70, [in_prefill], 16)
+    assert waits_for_prefix(prompt, 64, [in_prefill], 16)
+    # Nothing ahead shares its prefix: go.
+    assert not waits_for_prefix(prompt, 0, [[5, 6, 7]], 16)
+    assert not waits_for_prefix(prompt, 0, [], 16)
+    # What it may reuse caps what the work ahead brings.
+    assert not waits_for_prefix(prompt, 0, [in_prefill], 16, max_reuse=10)
