@@ -40,6 +40,7 @@ __all__ = [
     "LOAD_TOPIC_PREFIX",
     "LoadTopicState",
     "LoadTopicMove",
+    "digest_topic",
     "load_topic_name",
     "parse_load_topic",
     "peer_id_bytes",
@@ -52,6 +53,12 @@ LOAD_TOPIC_PREFIX = "/p2pinfer/load/1/"
 """Every load topic's name starts so (the wire version is the ``1``)."""
 _MAX_COUNT = 1 << 20
 """No swarm is this big; a name claiming more topics is not ours."""
+
+
+def digest_topic(fingerprint_hex: str) -> str:
+    """The model's digest topic (every node of the model subscribes to it):
+    one topic per fingerprint, so other models never hear us."""
+    return f"/p2pinfer/digest/1/{fingerprint_hex}"
 
 
 def topic_count(swarm_estimate: int, nodes_per_topic: int) -> int:

@@ -52,7 +52,7 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
-from ..core.load_topics import parse_load_topic
+from ..core.load_topics import digest_topic, parse_load_topic
 from ..core.router import MESH_DEGREE
 from .config import ConfigError, NodeConfig
 from . import libp2p_patches
@@ -89,11 +89,6 @@ def derive_psk(secret: bytes) -> str:
     reveals the other.
     """
     return blake3.blake3(secret, derive_key_context=_PSK_CONTEXT).hexdigest()
-
-
-def digest_topic(fingerprint_hex: str) -> str:
-    """One gossip topic per model fingerprint: other models never hear us."""
-    return f"/p2pinfer/digest/1/{fingerprint_hex}"
 
 
 class AllowedTopics(frozenset[str]):

@@ -12,17 +12,16 @@ topic is not modelled). A live node's estimate is its own view, which can
 be smaller (see :mod:`p2pinfer.net.load_gossip`).
 
 Topic sizes vary (binomially, mean ``nodes_per_topic``), unlike ``fill``'s
-topics of exactly ``topic_nodes()``; each topic's envelope is charged with
-its own name's length.
+topics of exactly ``topic_nodes()``; each gossip copy's envelope is charged
+with what the load topic's name adds to the digest topic's (3 to 9 bytes).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..core.load_topics import load_topic_name, topic_count, topic_index
+from ..core.load_topics import digest_topic, load_topic_name, topic_count, topic_index
 from .model import DIRECTORY_NEIGHBOURHOOD, SimConfig, SimNode
-from .network import TOPIC_CHARS
 
 __all__ = ["HashedTopics"]
 
@@ -55,7 +54,8 @@ class HashedTopics:
             place = len(self.topics)
             self.topics.append([])
             self.topic_keys[key] = place
-            self.topic_extra_bytes[place] = len(load_topic_name(self.fingerprint_hex, *key)) - TOPIC_CHARS
+            # Over the digest topic of the same fingerprint, whose envelope cfg.envelope_bytes is.
+            self.topic_extra_bytes[place] = len(load_topic_name(self.fingerprint_hex, *key)) - len(digest_topic(self.fingerprint_hex))
         return count, place
 
     def _retopic(self, node: SimNode) -> None:

@@ -34,6 +34,8 @@ def test_hashed_topics_are_the_live_nodes() -> None:
         assert node.topic_count == count and node in sim.topics[sim.topic_keys[(count, topic_index(node.id, count))]]
     sizes = Counter(len(sim.topics[p]) for (c, _), p in sim.topic_keys.items() if c == count)
     assert sum(size * k for size, k in sizes.items()) == 64 and len(sizes) > 1  # sizes vary, unlike fill's
+    # Each copy's envelope grows by what "/p2pinfer/load/1/<fp>/8/<i>" adds to "/p2pinfer/digest/1/<fp>".
+    assert set(sim.topic_extra_bytes.values()) == {len("load/1//8/0") - len("digest/1/")}
     summary = result["discovery"]["load_topics"]
     assert summary["scheme"] == "hash" and summary["counts_at_end"] == [8] and summary["moves"] == 0
     assert summary["topic_sizes_at_end"]["mean"] == 8.0
