@@ -9,7 +9,8 @@
   asks an anchor's owner before each decision, and publishes no digests
   (load reports still go out, and digest pulls get an empty digest);
 * ``auto``: registers always, publishes digests while the swarm (the peers
-  it knows, itself included) is smaller than ``auto_directory_nodes``, and
+  it knows, itself included, or its KadDHT placement's members if more:
+  :meth:`NodeDiscovery.swarm_estimate`) is smaller than ``auto_directory_nodes``, and
   from that size on stops them and queries the directory instead.
 
 While a node queries the directory its load reports go on a small load
@@ -85,7 +86,9 @@ class NodeDiscovery:
 
     def digests_on(self) -> bool:
         mode = self.config.discovery
-        return mode == "gossip" or (mode == "auto" and self.swarm_size() < self.config.auto_directory_nodes)
+        # The estimate, not the view alone: past the switch the node hears only its load
+        # topic, its view of peers it is not connected to shrinks, and it must not switch back.
+        return mode == "gossip" or (mode == "auto" and self.swarm_estimate() < self.config.auto_directory_nodes)
 
     def querying_directory(self) -> bool:
         return self.directory is not None and not self.digests_on()
