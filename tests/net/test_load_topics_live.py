@@ -20,7 +20,7 @@ from p2pinfer.core.load_topics import topic_index, topic_of
 from p2pinfer.lab.node_process import fast_config, wait_until
 from p2pinfer.net.identity import load_or_create_identity
 
-from .test_directory_live import DIRECTORY, GOSSIP, prompt
+from test_directory_live import DIRECTORY, GOSSIP, prompt  # tests/net is on sys.path (no packages)
 
 pytestmark = pytest.mark.slow
 
