@@ -102,7 +102,10 @@ class LoadTopics:
             task_status.started()
             while True:
                 await trio.sleep(TICK_S)
-                await self.tick()
+                try:
+                    await self.tick()
+                except Exception:  # a failed (un)subscription must not take the node down: next tick
+                    log.exception("load topic update failed")
 
     async def tick(self) -> None:
         if self._active():
