@@ -104,7 +104,7 @@ class LoadTopics:
                 await trio.sleep(TICK_S)
                 try:
                     await self.tick()
-                except Exception:  # a failed (un)subscription must not take the node down: next tick
+                except Exception:  # a failed (un)subscription is logged; it must not take the node down
                     log.exception("load topic update failed")
 
     async def tick(self) -> None:
