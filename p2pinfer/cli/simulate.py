@@ -91,6 +91,11 @@ def simulate(
         "with the topic); directory: each prefix anchor has a directory node (rendezvous hashing) that holders register "
         "with and entries ask (one round trip), only load reports are gossiped (docs/architecture.md).",
     ),
+    load_topics: str = typer.Option(
+        "hash", help="--discovery directory: load topics. hash: as the live node, about nodes/topic-size topics (a power "
+        "of two), a node's topic the SHA-256 of its id modulo their count (p2pinfer/core/load_topics.py); fill: random "
+        "topics filled to exactly --topic-size (the figures published before load topics were live)."
+    ),
     anchor_blocks: int = typer.Option(4, min=1, help="--discovery directory: depth of the anchor block (16 tokens each)."),
     directory_replicas: int = typer.Option(1, min=1, max=8, help="--discovery directory: owners per anchor."),
     directory_placement: str = typer.Option(
@@ -178,6 +183,7 @@ def simulate(
         gossip=gossip,
         topic_size=topic_size,
         discovery=discovery,
+        load_topics=load_topics,
         directory=directory,
         churn_interval_s=churn_interval,
         shared_cores=shared_cores,

@@ -19,8 +19,9 @@ is complete:
    prompt tokens), mean and p99 TTFT;
 3. the simulator's prediction for the same requests, arrivals and entries
    (``sim_*``): same node count, discovery, directory settings (KadDHT
-   placement, its own traffic counted), gossip schedule (load reports on one
-   topic, as the live node sends them) and engine cost model, 0.1 ms
+   placement, its own traffic counted), gossip schedule (load reports on the
+   model's one topic with gossip, in hashed load topics with the directory, as
+   the live node sends them) and engine cost model, 0.1 ms
    one-way links. The simulator models no answer verification (the live
    origin holds and checks its first answers from each peer), so the
    forwarded requests' TTFT is reported apart.
@@ -107,15 +108,16 @@ def _drive(swarm: IdleSwarm, reqs: list[Any]) -> tuple[list[dict[str, Any]], lis
 def simulate(n: int, mode: str, reqs: list[Any], encoder: Any, seed: int) -> dict[str, Any]:
     from ..core.costmodel import EngineCostModel
     from ..core.router import GossipConfig
-    from ..net.config import LIVE_DIRECTORY
+    from ..net.config import LIVE_DIRECTORY, NodeConfig
     from ..sim.model import SimConfig
     from ..sim.simulator import Simulator
 
-    # The live node gossips load reports on the model's one topic in both modes (no small
-    # load topics yet), so the prediction does too: topic_size = n.
+    # As the live node: with gossip every report on the model's one topic (topic_size = n); with
+    # the directory in its hashed load topics of about NodeConfig.load_topic_nodes.
+    topic_size = NodeConfig().load_topic_nodes if mode == "directory" else n
     config = SimConfig(
         nodes=n, discovery=mode, directory=LIVE_DIRECTORY, gossip=GossipConfig(), cost=EngineCostModel(),
-        cache_tokens=200_000, latency="0.1", warmup=0.0, seed=seed, topic_size=n,
+        cache_tokens=200_000, latency="0.1", warmup=0.0, seed=seed, topic_size=topic_size, load_topics="hash",
     )
     return Simulator(config, reqs, encoder, workload={"kind": "mmlu", "requests": len(reqs)}).run()
 
@@ -188,6 +190,10 @@ def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float,
         out["directory_lookups"] = sum(d["lookups"] for d in dirs)
         out["directory_blind"] = sum(d["blind"] for d in dirs)
         out["dht_lookups"] = sum(d["dht_lookups"] for d in dirs)
+        discs = [s["discovery"] for s in statuses if s is not None and "load_topic_count" in s.get("discovery", {})]
+        out["load_topic_counts"] = sorted({d["load_topic_count"] for d in discs})
+        out["load_topic_moves"] = sum(d["load_topic_moves"] for d in discs)
+        out["load_reports_heard_per_node"] = round(statistics.fmean(d["load_reports_heard"] for d in discs), 1) if discs else None
     say(f"{n} nodes, {mode}: simulating the same requests")
     sim = simulate(n, mode, reqs, encoder, seed)
     out["sim_ttft_ms_mean"] = sim["ttft_ms"]["mean"]

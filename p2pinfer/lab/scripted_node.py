@@ -439,8 +439,15 @@ class Controller:
             await finish_stream(stream, True)
         return {"rtt_ms": rtts, "path": path}
 
-    async def cmd_publish_raw(self, _id: Any, data_hex: str) -> None:
-        await self.node._libp2p.pubsub.publish(self.node.topic, bytes.fromhex(data_hex))
+    async def cmd_publish_raw(self, _id: Any, data_hex: str, topic: str | None = None) -> None:
+        """Publish bytes as they are, on the model topic or on ``topic``."""
+        await self.node._libp2p.pubsub.publish(topic or self.node.topic, bytes.fromhex(data_hex))
+
+    async def cmd_gossip_digest_hex(self, _id: Any) -> str:
+        """This node's full digest as a gossip payload (for ``publish_raw`` on the wrong topic)."""
+        from ..net.wire import encode_gossip_digest
+
+        return encode_gossip_digest(self.node.router.full_digest()).hex()
 
     async def cmd_encode_request(self, _id: Any, **fields: Any) -> str:
         """A GenerateRequest frame for ``send_raw`` (any field may be set, even wrongly)."""

@@ -627,7 +627,9 @@ def scale(
     dir_variant = f"directory, loads in topics of {neighbourhood}, scaled gossip"
 
     def directory(n: int) -> SimConfig:
-        return SimConfig(nodes=n, discovery="directory", topic_size=neighbourhood, gossip=SCALED_GOSSIP, warmup=SCALE_WARMUP)
+        # Random topics of exactly `neighbourhood` (load_topics="fill"): the published scale figures' model.
+        return SimConfig(nodes=n, discovery="directory", topic_size=neighbourhood, load_topics="fill", gossip=SCALED_GOSSIP,
+                         warmup=SCALE_WARMUP)
 
     for n in sizes:
         short = max(3000, per_node * n)

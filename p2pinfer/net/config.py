@@ -160,6 +160,11 @@ class NodeConfig:
     ``auto_directory_nodes`` and queries the directory from that size on."""
     directory: DirectoryConfig = LIVE_DIRECTORY
     auto_directory_nodes: int = AUTO_DIRECTORY_NODES
+    load_topic_nodes: int = 8
+    """While the node queries the directory, its load reports go on one of
+    about ``swarm / load_topic_nodes`` load topics (a power of two;
+    :mod:`p2pinfer.core.load_topics`), so the reports a node hears stay
+    about this many whatever the swarm's size."""
     nat: NatConfig = field(default_factory=NatConfig)
     """Reachability, relays and hole punching."""
 
@@ -183,6 +188,8 @@ class NodeConfig:
                 raise ConfigError(f"{name} must be positive")
         if self.discovery not in DISCOVERY_MODES:
             raise ConfigError(f"discovery must be one of {', '.join(DISCOVERY_MODES)}, not {self.discovery!r}")
+        if self.load_topic_nodes < 1:
+            raise ConfigError("load_topic_nodes must be at least 1")
         if self.auto_directory_nodes < 2:
             raise ConfigError("auto_directory_nodes must be at least 2")
         if self.directory.placement != "kademlia":

@@ -148,6 +148,13 @@ class DhtPlacement:
         protocols = self._protocols(peer)
         return protocols is not None and str(DIRECTORY_PROTOCOL) not in protocols
 
+    def lacks_directory(self, peer: str) -> bool:
+        """Identify says ``peer`` does not speak the directory protocol (a gossip-mode node)."""
+        try:
+            return self._not_directory(ID.from_base58(peer))
+        except Exception:  # not a peer id
+            return False
+
     def table_complete(self) -> bool:
         """No bucket full: the routing table holds every DHT peer heard of."""
         buckets = self.dht.routing_table.buckets

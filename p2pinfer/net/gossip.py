@@ -30,6 +30,11 @@ over-rate messages are dropped and counted, never relayed; so is everything
 from a peer we distrust (:mod:`.sanctions`) or found to run another model
 (:mod:`.other_models`). A malformed, spoofed or oversized message that
 comes straight from its signer also lowers the signer's gossipsub score.
+
+In directory mode the load reports go on a small load topic instead
+(:mod:`.load_gossip`); this service validates and receives those too
+(:meth:`GossipService.load_topic_validator`): a digest there, or a report
+of a peer that does not hash to the topic, is rejected as ``wrong-topic``.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from libp2p.pubsub.pubsub import Pubsub
 
 from .origin_rate import OriginRateLimit
 from ..core.digest import Digest, encode_digest
+from ..core.load_topics import topic_index
 from ..core.router import AnnounceSchedule, Router
 from ..engines.base import Engine
 from .counters import NodeCounters
@@ -66,7 +72,7 @@ _MAX_MSGS_PER_ORIGIN_PER_S = 50
 _DECODED_CACHE = 1024
 _DIGESTS_OFF_POLL_S = 1.0
 """With digests off, how often the delta loop checks whether they are back on."""
-_ATTRIBUTABLE = frozenset({"malformed", "spoofed", "oversized"})
+_ATTRIBUTABLE = frozenset({"malformed", "spoofed", "oversized", "wrong-topic"})
 """Rejections no honest node's message can earn (unlike "rate" or "version")."""
 
 
@@ -90,13 +96,16 @@ class GossipService:
         nat_facts: Callable[[], dict[str, Any]] | None = None,
         on_load: Callable[[str, LoadInfo], None] | None = None,
         keepalive_wanted: Callable[[], bool] = lambda: True,
+        load_topics: Callable[[], tuple[str, ...]] | None = None,
     ) -> None:
         """``publish_digests()``: whether digests go out now (``False`` while
         the node finds caches through the prefix directory; its load reports
         still go out). ``keepalive_wanted()``: whether an idle node repeats
         its load report every ``keepalive_interval_s`` (``False`` while every
         peer in the view is directly connected: their probes keep us in
-        their views, :meth:`.membership.Membership.keepalive_wanted`)."""
+        their views, :meth:`.membership.Membership.keepalive_wanted`).
+        ``load_topics()``: where load reports go now (default: the model
+        topic; :meth:`.load_gossip.LoadTopics.publish_topics`)."""
         self.pubsub = pubsub
         self.publish_digests = publish_digests
         self._digests_were_on = True
@@ -115,6 +124,7 @@ class GossipService:
         """Reachability, relay addresses and relay service for our load reports."""
         self._on_load = on_load
         self._keepalive_wanted = keepalive_wanted
+        self._load_topics = load_topics
         self._decoded: OrderedDict[bytes, Digest | LoadInfo] = OrderedDict()
         self._rates = OriginRateLimit(_MAX_MSGS_PER_ORIGIN_PER_S)
         self._last_delta = 0.0
@@ -126,6 +136,15 @@ class GossipService:
 
     # -- validation (runs inside gossipsub, before relaying) --------------------------
     def validate(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
+        """The model topic's validator."""
+        return self._validate(forwarder, msg, None)
+
+    def load_topic_validator(self, count: int, index: int) -> Callable[[ID, rpc_pb2.Message], bool]:
+        """The validator of load topic ``index`` of ``count``: the model topic's
+        checks, then only load reports of peers that hash to this topic."""
+        return lambda forwarder, msg: self._validate(forwarder, msg, (count, index))
+
+    def _validate(self, forwarder: ID, msg: rpc_pb2.Message, load_topic: tuple[int, int] | None) -> bool:
         try:
             sender = ID(msg.from_id).to_base58()
         except Exception:
@@ -141,6 +160,11 @@ class GossipService:
             if not self._rates.allow(sender):
                 raise GossipRejected("rate")
             decoded = decode_gossip(msg.data, sender=sender, fingerprint=self.router.fingerprint_hex)
+            if load_topic is not None:
+                if isinstance(decoded, Digest):
+                    raise GossipRejected("wrong-topic", "a digest on a load topic")
+                if topic_index(sender, load_topic[0]) != load_topic[1]:
+                    raise GossipRejected("wrong-topic", f"{sender} is not in load topic {load_topic[1]} of {load_topic[0]}")
         except GossipRejected as exc:
             self.counters.gossip_rejected[exc.reason] += 1
             log.debug("gossip from %s rejected: %s", sender, exc)
@@ -176,9 +200,9 @@ class GossipService:
             nursery.start_soon(self._load_loop)
             task_status.started()
 
-    async def _publish(self, payload: bytes) -> None:
+    async def _publish(self, payload: bytes, topic: str | None = None) -> None:
         try:
-            await self.pubsub.publish(self.topic, payload)
+            await self.pubsub.publish(topic or self.topic, payload)
         except Exception as exc:  # a publish must never take the node down
             log.warning("gossip publish failed: %s", exc)
 
@@ -250,7 +274,9 @@ class GossipService:
         self.busy = self._is_busy()
         load = self.engine.load()
         self.schedule.load_sent(load, self.busy, time.monotonic(), self._load_extra())
-        await self._publish(encode_gossip_load(self.load_report(load)))
+        payload = encode_gossip_load(self.load_report(load))
+        for topic in self._load_topics() if self._load_topics is not None else (self.topic,):
+            await self._publish(payload, topic)
 
     async def _delta_loop(self) -> None:
         """A change goes out at once after a quiet spell, then batched every ``delta_interval_s``."""
@@ -303,11 +329,12 @@ class GossipService:
     async def _receive_loop(self, subscription: Any) -> None:
         async for msg in subscription:
             try:
-                self._receive(msg)
+                self.receive(msg)
             except Exception:  # one bad message must not stop the loop
                 log.exception("gossip message handling failed")
 
-    def _receive(self, msg: rpc_pb2.Message) -> None:
+    def receive(self, msg: rpc_pb2.Message) -> None:
+        """One validated message (from the model topic or a load topic)."""
         sender = ID(msg.from_id).to_base58()
         size = msg.ByteSize()
         if sender == self.self_id:

@@ -52,6 +52,7 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
+from ..core.load_topics import digest_topic, parse_load_topic
 from ..core.router import MESH_DEGREE
 from .config import ConfigError, NodeConfig
 from . import libp2p_patches
@@ -74,7 +75,7 @@ mesh peers keep delivering (D_low = D - 1); IHAVE advertises the last 3
 heartbeats (6 s) and IWANT serves the last 5 (10 s); lost digests are pulled
 on a version gap (:mod:`.pull`), which no heartbeat drives."""
 
-__all__ = ["Libp2pStack", "derive_psk", "dialable_addrs", "digest_topic", "run_stack"]
+__all__ = ["AllowedTopics", "Libp2pStack", "allowed_topics", "derive_psk", "dialable_addrs", "digest_topic", "run_stack"]
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +91,23 @@ def derive_psk(secret: bytes) -> str:
     return blake3.blake3(secret, derive_key_context=_PSK_CONTEXT).hexdigest()
 
 
-def digest_topic(fingerprint_hex: str) -> str:
-    """One gossip topic per model fingerprint: other models never hear us."""
-    return f"/p2pinfer/digest/1/{fingerprint_hex}"
+class AllowedTopics(frozenset[str]):
+    """The topics a remote peer may subscribe to with us: the given ones and
+    every load topic of our model (their names depend on the swarm's size)."""
+
+    fingerprint_hex: str = ""
+
+    def __contains__(self, topic: object) -> bool:
+        if frozenset.__contains__(self, topic):
+            return True
+        parsed = parse_load_topic(topic) if isinstance(topic, str) else None
+        return parsed is not None and parsed[0] == self.fingerprint_hex
+
+
+def allowed_topics(topics: set[str], fingerprint_hex: str) -> AllowedTopics:
+    allowed = AllowedTopics(topics)
+    allowed.fingerprint_hex = fingerprint_hex
+    return allowed
 
 
 def _multiaddrs(values: tuple[str, ...], what: str) -> list[multiaddr.Multiaddr]:
@@ -288,6 +303,8 @@ def build_stack(config: NodeConfig, key_pair: KeyPair, topic: str, counters: Nod
         max_inbound_rpc_size=DefaultMaxMessageSize,
         allowed_topics={topic, MODELS_TOPIC},
     )
+    # Load topics come and go with the swarm's size: allowed by their name's shape.
+    pubsub.allowed_topics = allowed_topics({topic, MODELS_TOPIC}, topic.rsplit("/", 1)[-1])
     pubsub.counters = counters
     return Libp2pStack(host, pubsub, gossipsub, listen)
 

@@ -119,7 +119,11 @@ class NodeStatus:
         }
         if directory is not None:
             out["directory"] = directory.status()
+        load_topics = getattr(self, "load_topics", None)
+        if load_topics is not None:
+            out.update(load_topics.status())
         return out
+
     def _verification(self) -> dict[str, Any]:
         """How this node checks forwarded answers (:mod:`p2pinfer.core.verify`) and what it found."""
         checks = self.spot_checks

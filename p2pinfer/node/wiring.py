@@ -184,6 +184,7 @@ class Node(NodeDiscovery, NodeServing, NodeStatus, NodeNat):
                 peer, info.reachability, info.relay_addrs, info.relay_service
             ),
             keepalive_wanted=lambda: self.membership.keepalive_wanted(),
+            load_topics=self.load_report_topics,
         )
         self.model_gossip = ModelGossip(
             pubsub=self._libp2p.pubsub,

@@ -76,6 +76,8 @@ class FinishedRun(Protocol):
     dht_lookups: Counter[str]
     dht_find_nodes: int
 
+    def hashed_topics_summary(self) -> dict[str, Any]: ...
+
 
 def _r(x: float, nd: int = 3) -> float:
     return round(x, nd)
@@ -190,6 +192,9 @@ def summarise(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
         },
         "sim": {"virtual_s": _r(end, 3), "events": sim.events, "wall_s": _r(wall_s, 3)},
     }
+    if sim.gossip_on and cfg.hashed_load_topics():
+        result["discovery"]["load_topics"] = sim.hashed_topics_summary()
+        result["params"]["gossip"]["load_topics"] = "hash"
     if sim.shadow_total:
         result["oracle_agreement"] = _r(sim.shadow_agree / sim.shadow_total, 4)
     return result

@@ -32,6 +32,7 @@ from .network import DEFAULT_ENVELOPE_BYTES, DEFAULT_MESH_DEGREE, parse_latency
 __all__ = [
     "DIRECTORY_NEIGHBOURHOOD",
     "DISCOVERY",
+    "LOAD_TOPICS",
     "SIM_POLICIES",
     "Job",
     "Req",
@@ -44,6 +45,8 @@ __all__ = [
 SIM_POLICIES = (*POLICIES, "oracle")
 """Every core policy plus the simulator-only oracle."""
 DISCOVERY = ("gossip", "directory")
+LOAD_TOPICS = ("hash", "fill")
+"""Directory discovery: load topics by the live node's hash, or filled at random (the old model)."""
 """How nodes learn who caches what: gossiped digests, or the prefix directory."""
 DIRECTORY_NEIGHBOURHOOD = 8
 """Directory mode: load reports are gossiped in topics of this many nodes
@@ -99,6 +102,13 @@ class SimConfig:
     discovery: str = "gossip"
     """gossip: digests gossiped in topics; directory: the content-sharded prefix
     directory (p2pinfer/core/directory.py) plus load reports in topics."""
+    load_topics: str = "hash"
+    """Directory discovery only: how nodes are put in load topics. ``hash``:
+    as the live node (:mod:`p2pinfer.core.load_topics`), about ``nodes /
+    topic_nodes()`` topics (a power of two), a node's topic the SHA-256 of
+    its id modulo that count, recomputed from the live swarm's size at each
+    load tick; ``fill``: random topics filled to exactly ``topic_nodes()``
+    (the figures published before load topics were live)."""
     directory: DirectoryConfig = field(default_factory=DirectoryConfig)
     membership_delay_s: float = 3.0
     """Directory: how long until the membership (and so rendezvous placement)
@@ -166,6 +176,8 @@ class SimConfig:
             raise ValueError("shared_cores must be >= 0 (0: one machine per node)")
         if self.discovery not in DISCOVERY:
             raise ValueError(f"unknown discovery {self.discovery!r}; choose from {', '.join(DISCOVERY)}")
+        if self.load_topics not in LOAD_TOPICS:
+            raise ValueError(f"unknown load_topics {self.load_topics!r}; choose from {', '.join(LOAD_TOPICS)}")
         if self.discovery == "directory" and self.instant_gossip:
             raise ValueError("instant gossip is a gossip-discovery setting")
         if self.membership_delay_s < 0:
@@ -180,6 +192,10 @@ class SimConfig:
                 f"peer views (each node indexes every block its topic peers cache), more than 60 % of this "
                 f"machine's {have / 2**30:.0f} GiB: use --topic-size or fewer nodes"
             )
+
+    def hashed_load_topics(self) -> bool:
+        """Load reports in the live node's hashed topics (directory discovery, ``load_topics = "hash"``)."""
+        return self.discovery == "directory" and self.load_topics == "hash"
 
     def topic_nodes(self) -> int:
         size = self.topic_size or (DIRECTORY_NEIGHBOURHOOD if self.discovery == "directory" else 0)
@@ -291,6 +307,8 @@ class SimNode:
         self.router = router
         self.cache = router.cache
         self.topic = topic
+        self.topic_count = 0
+        """Hashed load topics: the count its topic is one of (0: not hashed)."""
         self.alive = True
         self.queue: deque[Job] = deque()
         """Accepted, waiting for a slot, in arrival order."""

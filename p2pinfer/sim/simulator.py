@@ -57,6 +57,7 @@ from ..workloads.base import PromptEncoder, TimedRequest
 from .batching import SlotBatching
 from .cpu import SharedCpu
 from .directory_mode import DirectoryMode
+from .hashed_topics import HashedTopics
 from .metrics import summarise
 from .model import SIM_POLICIES, Job, Req, SimConfig, SimNode, default_fingerprint, sim_peer_id
 from .network import LatencyModel, digest_message_bytes, gossip_copies, load_report_bytes, mesh_hops, parse_latency
@@ -64,7 +65,7 @@ from .oracle import OracleIndex, OraclePolicy
 
 __all__ = ["SIM_POLICIES", "SimConfig", "SimNode", "Simulator", "default_fingerprint"]
 
-class Simulator(SlotBatching, DirectoryMode):
+class Simulator(SlotBatching, DirectoryMode, HashedTopics):
     """One run: ``Simulator(config, requests, encoder).run()`` -> result dict."""
 
     def __init__(
@@ -111,6 +112,7 @@ class Simulator(SlotBatching, DirectoryMode):
         self.by_id: dict[str, SimNode] = {}
         self.alive: list[SimNode] = []
         self.topics: list[list[SimNode]] = []
+        self._init_hashed_topics()
         self.need_oracle = config.policy == "oracle" or config.shadow_oracle
         self.oracle_index = OracleIndex() if self.need_oracle else None
         self.gossip_on = config.policy != "oracle" and config.nodes > 1
@@ -185,8 +187,14 @@ class Simulator(SlotBatching, DirectoryMode):
         idx = len(self.nodes)
         node_id = sim_peer_id(self.config.seed, idx)
         router = self._new_router(idx, node_id, RadixTree(self.config.cache_tokens))
-        topic = self._assign_topic()
+        count = 0
+        if self.config.hashed_load_topics():
+            # The initial swarm knows its size; a joining node counts itself in.
+            count, topic = self._hashed_topic(node_id, self.config.nodes if self.now == 0.0 else len(self.alive) + 1)
+        else:
+            topic = self._assign_topic()
         node = SimNode(idx, node_id, router, self.config.cost, topic, self.now, slots=self.config.slots, clock=self._clock)
+        node.topic_count = count
         if self.config.policy == "cost":
             router.policy = self._cost_rule()
         if self.config.policy == "oracle":
@@ -239,7 +247,8 @@ class Simulator(SlotBatching, DirectoryMode):
         cfg = self.config
         self.msg_count[kind] += 1
         self.msg_bytes[kind] += wire_len
-        per_receiver = (wire_len + cfg.envelope_bytes) * gossip_copies(n, cfg.mesh_degree)
+        extra = self.topic_extra_bytes.get(src.topic, 0)  # a load topic's longer name (hashed topics)
+        per_receiver = (wire_len + cfg.envelope_bytes + extra) * gossip_copies(n, cfg.mesh_degree)
         delay = mesh_hops(n, cfg.mesh_degree) * self.latency.typical_ms / 1000.0
         self.at(self.now + delay, self._deliver, src, kind, obj, per_receiver)
 
@@ -321,6 +330,8 @@ class Simulator(SlotBatching, DirectoryMode):
     def _load_tick(self, node: SimNode) -> None:
         if not node.alive:
             return
+        if node.topic_count:
+            self._retopic(node)
         load = node.load()
         busy = node.router.over_busy_queue(load)
         # Every simulated node is directly connected to every other, so an idle one

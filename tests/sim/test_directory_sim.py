@@ -104,7 +104,7 @@ def test_the_directory_finds_holders_no_neighbour_knows(swarm_600: Any) -> None:
     """Topics of one node gossip nothing: what the directory adds is all there is."""
     alone = SimConfig(nodes=16, topic_size=1, seed=3)
     _, blind = run(alone, swarm_600)
-    _, found = run(replace(alone, discovery="directory"), swarm_600)
+    _, found = run(replace(alone, discovery="directory", load_topics="fill"), swarm_600)  # topics of exactly one
     _, oracle = run(replace(alone, policy="oracle"), swarm_600)
     assert blind["gossip_bytes_per_node_per_s"] == 0 and blind["forwarded_share"] == 0
     assert found["hit_rate"] > blind["hit_rate"] + 0.1
