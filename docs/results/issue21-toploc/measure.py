@@ -24,7 +24,8 @@ answers are one letter, shorter than one block) and, per block of ``--block``
 Then, side by side:
 
 (a) **the current check**, ``Engine.score`` of prompt + answer on a real
-    ``LlamaCppEngine`` (its defaults: 2 threads, batch 128), the prompt cached
+    ``LlamaCppEngine`` (its defaults: 2 threads, batch 128, flash attention
+    off, as on both runtimes), the prompt cached
     (by a one-token generation) and cold.
 (b) a "verifier" runtime configured like the engine checks each answer, the
     prompt cached (a warm-up, then each variant twice, interleaved) and cold:
@@ -246,12 +247,14 @@ async def engine_part(prompts: list[list[int]], answers: list[list[int]]) -> tup
             cold = await engine.score(tokens, len(prompt))
             cold_s = time.perf_counter() - t0
             p2 = engine.check_tokens_prefilled
+            vw, vc = judge(warm, GenerationParams(), VerifyConfig()), judge(cold, GenerationParams(), VerifyConfig())
             rows.append({
                 "prompt_tokens": len(prompt), "answer_tokens": len(out),
                 "cached_s": warm_s, "cold_s": cold_s,
                 "cached_evaluated_tokens": p1 - p0, "cold_evaluated_tokens": p2 - p1,
-                "cached_ok": judge(warm, GenerationParams(), VerifyConfig()).ok,
-                "cold_ok": judge(cold, GenerationParams(), VerifyConfig()).ok,
+                "cached_ok": vw.ok, "cold_ok": vc.ok, "cached_reason": vw.reason, "cold_reason": vc.reason,
+                "cached_worst_gap": vw.statistic,
+                "eog_in_answer": [i for i, t in enumerate(out) if engine._rt.is_eog(t)],
             })
             print("a", json.dumps(rows[-1]), file=sys.stderr)
         threads, batch = engine.threads, engine._rt.n_batch
@@ -489,7 +492,8 @@ async def main(prompts: int, max_tokens: int, block: int, k: int, seed: int) -> 
     texts = ["".join(p.parts) for p in work.prompts(prompts, rng)]
     path = str(default_model_path())
     t0 = time.perf_counter()
-    server = LlamaRuntime(path, n_ctx=4096, n_batch=128, n_gpu_layers=0, n_threads=1)
+    # flash attention off, as LlamaCppEngine has it on the CPU (llama.cpp's auto would turn it on)
+    server = LlamaRuntime(path, n_ctx=4096, n_batch=128, n_gpu_layers=0, n_threads=1, flash_attn=False)
     from p2pinfer.net.proto import p2pinfer_pb2 as pb
 
     toks, answers, honest, liars, wrongs, serve_s, answer_bytes = [], [], [], [], [], [], []
@@ -511,13 +515,14 @@ async def main(prompts: int, max_tokens: int, block: int, k: int, seed: int) -> 
     finally:
         server.close()
     a_rows, threads, batch = await engine_part(toks, answers)
-    verifier = LlamaRuntime(path, n_ctx=4096, n_batch=batch, n_gpu_layers=0, n_threads=threads)
+    verifier = LlamaRuntime(path, n_ctx=4096, n_batch=batch, n_gpu_layers=0, n_threads=threads, flash_attn=False)
     b_rows = []
     try:
         for i in range(len(toks)):
             b_rows.append(verifier_part(verifier, toks[i], answers[i], honest[i], liars[i], wrongs[i], block))
             b_rows[-1]["server_decode_with_commit_s"] = serve_s[i]
             b_rows[-1]["answer_wire_bytes"] = answer_bytes[i]
+            b_rows[-1]["answer"] = answers[i]
             print("b", i, file=sys.stderr)
     finally:
         verifier.close()
