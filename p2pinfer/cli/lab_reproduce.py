@@ -53,7 +53,8 @@ def register_lab(lab: typer.Typer) -> None:
                 console.print(f"[{colour}]{e['name']}: {e['status']}[/{colour}]"
                               + (f" ({e['moved_count']} figures{', updated' if e.get('updated') else ''})"
                                  if e["status"] == "moved" else "")
-                              + (f" - {e['error']}" if e["status"] == "error" else ""))
+                              + (f" - {e['error']}" if e["status"] == "error" else "")
+                              + (f" [{len(e['added_fields'])} output fields added since, not compared]" if e.get("added_fields") else ""))
                 for m in e["moved"][:12]:
                     console.print(f"    {m['path']}: {m['published']!r} -> {m['now']!r}")
                 if len(e["moved"]) > 12:

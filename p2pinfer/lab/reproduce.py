@@ -116,12 +116,19 @@ def _close(a: Any, b: Any, tol: float) -> bool:
 
 
 def diff_json(published: Any, now: Any, tolerance: float) -> list[Moved]:
-    """Every leaf (number, string, flag) that differs beyond ``tolerance``
-    (relative, numbers only), or exists on one side only."""
+    """Every published leaf (number, string, flag) that differs beyond
+    ``tolerance`` (relative, numbers only) or is gone. A leaf only the new run
+    has is a field added to the output since, not a figure that moved: see
+    :func:`added_fields`."""
     old, new = dict(_leaves(published)), dict(_leaves(now))
-    moved = [Moved(p, old.get(p), new.get(p)) for p in old.keys() | new.keys()
-             if p not in old or p not in new or not _close(old[p], new[p], tolerance)]
+    moved = [Moved(p, v, new.get(p)) for p, v in old.items() if p not in new or not _close(v, new[p], tolerance)]
     return sorted(moved, key=lambda m: m.path)
+
+
+def added_fields(published: Any, now: Any) -> list[str]:
+    """Leaves the new run has and the published file does not (output fields added since)."""
+    old = dict(_leaves(published))
+    return sorted(p for p, _ in _leaves(now) if p not in old)
 
 
 def _run(entry: Published, results: Path, out: Path) -> dict[str, Any]:
@@ -174,6 +181,7 @@ def reproduce(
         report.append({
             **row, "status": "moved" if moved else "same", "wall_s": round(time.monotonic() - t0, 1),
             "tolerance": entry.tolerance, "moved_count": len(moved), "moved": [m.__dict__ for m in moved[:200]],
+            "added_fields": added_fields(published, now)[:200],
             "updated": bool(update and moved),
         })
     return {"results": str(results), "quick": quick, "entries": report,

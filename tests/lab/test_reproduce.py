@@ -8,17 +8,19 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from p2pinfer.cli.main import app
-from p2pinfer.lab.reproduce import PUBLISHED, diff_json
+from p2pinfer.lab.reproduce import PUBLISHED, added_fields, diff_json
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 
-def test_diff_reports_moved_missing_and_added_figures_and_ignores_machine_timings() -> None:
+def test_diff_reports_moved_and_missing_figures_apart_from_added_fields_and_ignores_machine_timings() -> None:
     old = {"a": 1.0, "b": [1, 2], "c": {"x": "cost"}, "wall_s": 3.0, "gone": 1, "decision_us_p50": 4.0}
-    new = {"a": 1.0 + 1e-9, "b": [1, 3], "c": {"x": "paper"}, "wall_s": 9.0, "new": 2, "decision_us_p50": 8.0}
+    new = {"a": 1.0 + 1e-9, "b": [1, 3], "c": {"x": "paper"}, "wall_s": 9.0, "new": {"k": 2}, "decision_us_p50": 8.0}
     moved = {m.path: (m.published, m.now) for m in diff_json(old, new, 1e-6)}
-    assert moved == {"b[1]": (2, 3), "c.x": ("cost", "paper"), "gone": (1, None), "new": (None, 2)}
-    assert diff_json(old, old, 0.0) == []
+    # A field the output gained since is not a published figure that moved; one that is gone is.
+    assert moved == {"b[1]": (2, 3), "c.x": ("cost", "paper"), "gone": (1, None)}
+    assert added_fields(old, new) == ["new.k"]
+    assert diff_json(old, old, 0.0) == [] and added_fields(old, old) == []
 
 
 def test_every_quick_entry_has_its_published_file() -> None:
