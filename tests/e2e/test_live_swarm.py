@@ -108,6 +108,9 @@ def test_demo_keep_leaves_the_swarm_and_its_dashboards_up_until_ctrl_c(tmp_path:
         [sys.executable, "-m", "p2pinfer", "demo", "--nodes", "2", "--requests", "4", "--subjects", "1",
          "--policies", "cost", "--out", str(tmp_path / "demo.png"), "--keep"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # Ctrl-C as a terminal delivers it: a suite started as a background job of a
+        # script inherits SIGINT ignored, and Python then keeps it ignored in the demo.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         lines: list[str] = []
