@@ -35,13 +35,13 @@ run anywhere.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 import blake3
 import llama_cpp as _ll
@@ -137,6 +137,38 @@ def plain_llama(model_path: str, *, cpu_repack: bool = False, **kwargs: Any) -> 
             return _ll.Llama(model_path, **kwargs)
         finally:
             low.llama_model_default_params = original
+
+
+T = TypeVar("T")
+
+
+def on_passing_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` on a thread of its own that ends with it.
+
+    Why: llama-cpp-python's CPU build runs graphs with OpenMP, and libgomp
+    keeps a pool of worker threads for every thread that ever ran a graph,
+    for as long as that thread lives. With two such threads in one process
+    (the constructor's, say the main thread, and the engine's slot loop)
+    libgomp counts more threads than cores and cuts its barrier spinning to
+    almost nothing, so every barrier of every later graph sleeps: decode of
+    SmolLM2 on 2 cores went from about 12 to about 22 ms per token
+    (docs/results.md, issue 18). A thread that ends frees its pool, so
+    llama.cpp work outside the slot loop runs here.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="p2pinfer-llama-once")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
 
 
 class DecodeError(RuntimeError):
@@ -261,7 +293,7 @@ class LlamaRuntime:
         self.batches_evaluated = 0
         """llama_decode calls so far (observability: shows where a cancel stopped)."""
         try:
-            self.layout = self._probe_layout()
+            self.layout = on_passing_thread(self._probe_layout)
             """This context's KV layout (types and row sizes), read from a real blob."""
         except BaseException:
             self.close()
