@@ -6,7 +6,8 @@ Two parts, measured in the same run on the same prompts:
   (``generate``, cache emptied before each prompt) and llama-cpp-python's
   own ``Llama`` (``Llama.generate``, loaded by
   :func:`~p2pinfer.engines.llama_runtime.plain_llama` with the same
-  ``use_extra_bufts`` choice), alternating prompt by prompt. Prefill is the
+  ``use_extra_bufts`` choice, in a child process of its own: see
+  ``_RawLlamaProcess``), alternating prompt by prompt. Prefill is the
   time to the first token over the prompt's tokens; decode the time from
   the first to the last token over the tokens in between.
 * **N requests in flight through the HTTP API**: one ``p2pinfer node``
@@ -96,6 +97,63 @@ def _median_range(xs: Sequence[float], digits: int = 3) -> tuple[float, list[flo
 
 
 # -- part 1: one stream, engine against llama-cpp-python's Llama -------------------
+def _raw_llama_worker(conn: Any, model_path: str, context_size: int, threads: int, max_tokens: int) -> None:
+    """Child process: llama-cpp-python's ``Llama`` timing one prompt per message."""
+    import llama_cpp
+
+    from ..engines.llama_runtime import plain_llama
+
+    llm = plain_llama(model_path, n_ctx=context_size, n_threads=threads, n_threads_batch=threads, verbose=False)
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    conn.send("ready")
+    while (tokens := conn.recv()) is not None:
+        llm.reset()
+        llm._ctx.kv_cache_clear()
+        stamps: list[float] = []
+        t0 = time.perf_counter()
+        for tok in llm.generate(tokens, temp=0.0, reset=True):
+            if llama_cpp.llama_vocab_is_eog(vocab, tok):
+                break
+            stamps.append(time.perf_counter())
+            if len(stamps) >= max_tokens:
+                break
+        conn.send(((stamps[0] - t0) * 1000 / len(tokens), (stamps[-1] - stamps[0]) * 1000 / (len(stamps) - 1)))
+    llm.close()
+
+
+class _RawLlamaProcess:
+    """``Llama`` in its own process, so that its llama.cpp threads and the engine's never share one
+    OpenMP runtime: with two threads of one process each running llama.cpp graphs, libgomp counts
+    more threads than cores and shortens its barrier spinning, and decode slowed from about 12 to
+    20-30 ms per token for both on 2 cores (measured; docs/results.md, issue 18)."""
+
+    def __init__(self, model_path: str, *, context_size: int, threads: int, max_tokens: int) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_raw_llama_worker, args=(child, model_path, context_size, threads, max_tokens),
+                                 daemon=True)
+        self._proc.start()
+        child.close()
+        if self._conn.recv() != "ready":
+            raise RuntimeError("the raw Llama process did not start")
+
+    def run(self, tokens: list[int]) -> tuple[float, float]:
+        self._conn.send(list(tokens))
+        prefill, decode = self._conn.recv()
+        return float(prefill), float(decode)
+
+    def close(self) -> None:
+        try:
+            self._conn.send(None)
+        except OSError:
+            pass
+        self._proc.join(30)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+
 def single_stream(
     model_path: str, prompts: Sequence[ChatPrompt], *, threads: int, context_size: int, slots: int | None,
     max_tokens: int, reps: int,
@@ -104,14 +162,10 @@ def single_stream(
 
     from ..engines import GenerationParams, GenerationRecord
     from ..engines.llama_cpp import LlamaCppEngine
-    from ..engines.llama_runtime import plain_llama
 
     engine = LlamaCppEngine(model_path, context_size=context_size, threads=threads, slots=slots)
-    llm = plain_llama(model_path, n_ctx=context_size, n_threads=threads, n_threads_batch=threads, verbose=False)
+    raw = _RawLlamaProcess(model_path, context_size=context_size, threads=threads, max_tokens=max_tokens)
     rows: dict[str, list[tuple[float, float]]] = {"engine": [], "raw_llama_cpp": []}
-    import llama_cpp
-
-    vocab = llama_cpp.llama_model_get_vocab(llm.model)
 
     def timed(stamps: list[float], t0: float, n_prompt: int) -> tuple[float, float]:
         return ((stamps[0] - t0) * 1000 / n_prompt, (stamps[-1] - stamps[0]) * 1000 / (len(stamps) - 1))
@@ -127,17 +181,7 @@ def single_stream(
         return timed(stamps, t0, len(tokens))
 
     def on_raw(tokens: list[int]) -> tuple[float, float]:
-        llm.reset()
-        llm._ctx.kv_cache_clear()
-        stamps: list[float] = []
-        t0 = time.perf_counter()
-        for tok in llm.generate(tokens, temp=0.0, reset=True):
-            if llama_cpp.llama_vocab_is_eog(vocab, tok):
-                break
-            stamps.append(time.perf_counter())
-            if len(stamps) >= max_tokens:
-                break
-        return timed(stamps, t0, len(tokens))
+        return raw.run(tokens)
 
     try:
         for rep in range(reps):
@@ -150,7 +194,7 @@ def single_stream(
                     else:
                         rows["raw_llama_cpp"].append(on_raw(tokens))
     finally:
-        llm.close()
+        raw.close()
         trio.run(engine.aclose)
     out: dict[str, Any] = {}
     for name, values in rows.items():
