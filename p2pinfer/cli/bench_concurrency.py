@@ -19,6 +19,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         threads: int = typer.Option(0, min=0, help="CPU threads for both servers (0: all cores)."),
         slots: int = typer.Option(0, min=0, help="p2pinfer engine slots (0: the engine's default)."),
         server_slots: int = typer.Option(0, min=0, help="llama-server -np (0: the highest level)."),
+        reply_cache: bool = typer.Option(
+            True, "--reply-cache/--no-reply-cache",
+            help="The p2pinfer node saves each reply for the next turn (its default; llama-server has no such step).",
+        ),
         context: int = typer.Option(4096, min=512, help="Context per request, both servers."),
         prompt_tokens: int = typer.Option(300, min=32, max=3000),
         max_tokens: int = typer.Option(64, min=2, max=1024),
@@ -41,7 +45,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         result = run_concurrency_bench(
             levels=wanted, model_path=model, threads=threads or None, slots=slots or None, context_size=context,
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, requests_per_client=requests_per_client,
-            rounds=rounds, llama_server=llama_server, llama_server_slots=server_slots or None,
+            rounds=rounds, reply_cache=reply_cache, llama_server=llama_server, llama_server_slots=server_slots or None,
             progress=lambda msg: print(msg, file=sys.stderr, flush=True),
         )
         result = with_provenance(result)

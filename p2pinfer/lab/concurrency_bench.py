@@ -232,13 +232,16 @@ class ServerUnderTest:
 class P2pinferNode(ServerUnderTest):
     name = "p2pinfer"
 
-    def __init__(self, model_path: str, *, threads: int, context_size: int, slots: int | None) -> None:
+    def __init__(self, model_path: str, *, threads: int, context_size: int, slots: int | None,
+                 reply_cache: bool = True) -> None:
         super().__init__()
         from .local_swarm import LocalSwarm
 
         args = ["--model", model_path, "--threads", str(threads), "--context-size", str(context_size)]
         if slots:
             args += ["--slots", str(slots)]
+        if not reply_cache:
+            args.append("--no-reply-cache")
         self._swarm = LocalSwarm(1, engine="llama-cpp", node_args=args).start()
         self.base_url = self._swarm.nodes[0].http.rstrip("/") + "/v1"
 
@@ -399,6 +402,7 @@ def run_concurrency_bench(
     max_tokens: int = 64,
     requests_per_client: int = 2,
     rounds: int = 3,
+    reply_cache: bool = True,
     single_stream_prompts: int = 4,
     single_stream_reps: int = 2,
     llama_server: str | None = None,
@@ -434,6 +438,7 @@ def run_concurrency_bench(
         "max_tokens": max_tokens,
         "requests_per_client": requests_per_client,
         "slots": engine_slots,
+        "reply_cache": reply_cache,
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
     say("single stream: engine against Llama")
@@ -444,7 +449,7 @@ def run_concurrency_bench(
     servers: list[ServerUnderTest] = []
     try:
         say("starting the p2pinfer node")
-        servers.append(P2pinferNode(path, threads=threads, context_size=context_size, slots=slots))
+        servers.append(P2pinferNode(path, threads=threads, context_size=context_size, slots=slots, reply_cache=reply_cache))
         if llama_server:
             say("starting llama-server")
             ls = LlamaServer(llama_server, path, threads=threads, context_size=context_size, slots=server_slots)
