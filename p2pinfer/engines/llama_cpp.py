@@ -577,15 +577,46 @@ class LlamaCppEngine(Engine):
         ahead += [r.reply_path for r in self._running if r.reply_path is not None and not r.ended]
         for req in list(self._waiting):
             if not self.queue.can_start():
+                self._make_room()
                 break
             n = len(req.tokens)
             cached = min(self._cache.match(req.tokens, touch=False), _max_reuse(n))
             wait = waits_for_prefix(req.tokens, cached, ahead, self._block_size, _max_reuse(n))
             ahead.append(req.tokens)
             if wait:
+                self._want_reply_saves(req.tokens, cached, _max_reuse(n))
                 continue
             self._waiting.remove(req)
             self._start(req)
+
+    def _make_room(self) -> None:
+        """Requests wait and every slot is taken: ask the slot loop to give up the latest
+        reply save that no waiting request needs (a reply waits for spare time to be
+        saved, so under load it would hold its slot for nothing; issue 18). Its slot
+        frees when the loop reports it, and admission runs again then."""
+        saves = [r for r in self._running
+                 if r.reply_path is not None and not r.ended and r.job is not None
+                 and not r.job.reply_wanted and not r.job.drop_reply]
+        for r in sorted(saves, key=lambda r: r.job.order if r.job is not None else 0, reverse=True):
+            needed = any(
+                waits_for_prefix(w.tokens, min(self._cache.match(w.tokens, touch=False), _max_reuse(len(w.tokens))),
+                                 [r.reply_path], self._block_size, _max_reuse(len(w.tokens)))
+                for w in self._waiting
+            )
+            if not needed and r.job is not None:
+                r.job.drop_reply = True
+                self._loop.wake()
+                return
+
+    def _want_reply_saves(self, tokens: list[int], cached: int, max_reuse: int) -> None:
+        """Tell the slot loop that a waiting request needs these replies' saves: the loop
+        then runs them like prompts, not only in spare time, and never drops them."""
+        for r in self._running:
+            if r.reply_path is None or r.ended or r.job is None or r.job.reply_wanted:
+                continue
+            if waits_for_prefix(tokens, cached, [r.reply_path], self._block_size, max_reuse):
+                r.job.reply_wanted = True
+                self._loop.wake()
 
     def _start(self, req: _Request) -> None:
         from .llama_runtime import SamplerSpec  # noqa: PLC0415
@@ -747,6 +778,10 @@ class LlamaCppEngine(Engine):
             if not self._closed:
                 log.warning("saving a reply failed: %s", event.message)
             self.reply_saves.ended(0.0, wall, failed=not self._closed)
+            return
+        if event.reply_dropped:
+            log.debug("reply %s", event.reply_note)
+            self.reply_saves.gave_up()
             return
         failed = event.reply_failed
         if failed:

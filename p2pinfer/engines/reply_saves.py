@@ -33,6 +33,8 @@ class ReplySaves:
     """Saves that ended, failed ones included."""
     errors: int = 0
     """Saves that failed (logged; the request had already finished)."""
+    dropped: int = 0
+    """Saves given up before they ran because a request needed their slot (not in ``count``)."""
     sum_s: float = 0.0
     last_s: float | None = None
     last_wall_s: float | None = None
@@ -57,6 +59,11 @@ class ReplySaves:
         self.buckets[bisect_left(REPLY_SAVE_BUCKETS, work_s)] += 1
         self.recent.append(work_s)
 
+    def gave_up(self) -> None:
+        """A started save was dropped before it ran (its reply is not cached)."""
+        self.in_progress = max(0, self.in_progress - 1)
+        self.dropped += 1
+
     def cumulative(self) -> list[tuple[str, int]]:
         """The histogram's buckets as Prometheus wants them: ``(le, saves at or below)``."""
         out, total = [], 0
@@ -74,6 +81,7 @@ class ReplySaves:
         return {
             "count": self.count,
             "errors": self.errors,
+            "dropped": self.dropped,
             "in_progress": self.in_progress,
             "last_ms": ms(self.last_s),
             "last_wall_ms": ms(self.last_wall_s),

@@ -84,6 +84,8 @@ class Finished:
     """Why the reply was not cached, or was cached only in part (for the logs)."""
     reply_failed: bool = False
     """Saving the reply failed (``reply_note`` says why): the engine logs and counts it."""
+    reply_dropped: bool = False
+    """The reply's save was given up before it ran, because a request needed its slot."""
 
 
 @dataclass(frozen=True, slots=True)

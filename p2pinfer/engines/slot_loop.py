@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 import logging
 import threading
 import time
@@ -106,6 +106,12 @@ class SlotJob:
     reply_note: str | None = None
     reply_failed: bool = False
     """Saving the reply raised (``reply_note`` says what); the request itself is unaffected."""
+    reply_wanted: bool = False
+    """A request waits for this reply's save (set by the engine's thread): it is then
+    scheduled like a prompt instead of in spare time, and never dropped."""
+    drop_reply: bool = False
+    """A request needs this slot (set by the engine's thread): give the save up, unless
+    :attr:`reply_wanted` (see :meth:`SlotLoop._drop_reply_saves`)."""
     chain: Any = None
     text: TextStream | None = None
     prefill_s: float = 0.0
@@ -194,6 +200,8 @@ class SlotLoop:
         """Chunks of replies evaluated again for the cache (not in ``chunks``)."""
         self.saving_replies = 0
         """Slots saving their reply after the last iteration."""
+        self.replies_dropped = 0
+        """Reply saves given up because a request needed their slot (:meth:`_drop_reply_saves`)."""
         self.checking = 0
         """Slots running an answer check after the last iteration."""
         self.check_chunks = 0
@@ -263,10 +271,16 @@ class SlotLoop:
             if self._closing:
                 return False
         self._reap()
+        self._drop_reply_saves()
         self._admit()
         jobs = [j for j in self._slots if isinstance(j, SlotJob)]
         checks = [j for j in self._slots if isinstance(j, ScoreJob)]
-        job = min((j for j in jobs if j.in_prefill or j.saving_reply), key=lambda j: j.order, default=None)
+        job = min((j for j in jobs if j.in_prefill or (j.saving_reply and j.reply_wanted)), key=lambda j: j.order,
+                  default=None)
+        if job is None and not checks and not any(j.token is not None for j in jobs):
+            # Spare time: nothing to prefill, check or decode. A reply nobody waits for is saved
+            # only now, so that under load its save costs the others nothing (issue 18).
+            job = min((j for j in jobs if j.saving_reply), key=lambda j: j.order, default=None)
         turn = self._turns.next(job is not None, bool(checks))
         if turn == "check":
             self._score_chunk(min(checks, key=lambda j: j.order))
@@ -572,6 +586,17 @@ class SlotLoop:
         event = self._finish_event(job, span)
         self._release(job)
         job.post(job, [event])
+
+    def _drop_reply_saves(self) -> None:
+        """End the reply saves the engine asked to drop (``drop_reply``: a request needs
+        the slot) unless a request has come to want them since. That reply is not
+        cached: a next turn evaluates it as part of its prompt, the same work the save
+        would have done."""
+        for job in self._slots:
+            if isinstance(job, SlotJob) and job.saving_reply and job.drop_reply and not job.reply_wanted:
+                job.reply_note = "not cached: a request needed its slot before the save ran"
+                self.replies_dropped += 1
+                self._end(job, replace(self._finish_event(job), reply_dropped=True))
 
     def _free_slot(self, job: SlotJob | ScoreJob) -> None:
         """Empty the job's slot and its sequence, if it still holds one."""

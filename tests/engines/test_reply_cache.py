@@ -8,6 +8,7 @@ completion), and the reused KV against a cold evaluation, bit for bit.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+import itertools
 from typing import Any
 
 import numpy as np
@@ -198,21 +199,12 @@ def test_gemma3_completion_replies_are_cached_within_the_sliding_window_and_answ
         trio.run(cold.aclose)
 
 
-def test_saving_a_reply_lets_the_other_slot_decode_and_counts_in_the_load() -> None:
-    """The reply is evaluated again chunk by chunk in its own slot, between the
-    other slots' decode steps, after its request's record: a request decoding
-    next to it keeps getting tokens while the reply is saved, and the engine's
-    load counts the reply's tokens as queued prefill until the save ends."""
-    from p2pinfer.engines.llama_cpp import LlamaCppEngine
+def _consumer(engine: Any, log: list[tuple[str, float, int]]) -> Any:
+    """An async consumer that logs (what, when, the engine's queued prefill tokens then)."""
 
-    # Small prefill batches: a 48-token reply is evaluated again in 6 chunks.
-    engine = LlamaCppEngine(context_size=1024, slots=2, threads=1, cache_tokens=8192, batch_size=8)
-    log: list[tuple[str, float, int]] = []
-    """(what, when, the engine's queued prefill tokens then), in arrival order."""
-
-    async def consume(name: str, prompt: str, max_tokens: int, started: trio.Event | None) -> GenerationRecord:
+    async def consume(name: str, tokens: Sequence[int], max_tokens: int, started: trio.Event | None) -> GenerationRecord:
         record = None
-        async for item in engine.generate(engine.tokenize(prompt), GenerationParams(max_tokens=max_tokens, temperature=0.0)):
+        async for item in engine.generate(list(tokens), GenerationParams(max_tokens=max_tokens, temperature=0.0)):
             now, queued = trio.current_time(), engine.load().queued_prefill_tokens
             if isinstance(item, TokenChunk):
                 log.append((f"{name}-token", now, queued))
@@ -224,45 +216,142 @@ def test_saving_a_reply_lets_the_other_slot_decode_and_counts_in_the_load() -> N
         assert record is not None
         return record
 
+    return consume
+
+
+def test_a_reply_save_waits_for_spare_time_and_counts_in_the_load() -> None:
+    """A reply nobody waits for is saved only when the engine has nothing else to
+    do (issue 18: under load its save would slow every other slot's decode steps,
+    and a next turn evaluates the reply anyway if it was never saved). Meanwhile
+    it holds its slot and counts in the load as queued prefill; once the request
+    decoding beside it ends, the save runs and the reply joins the cache."""
+    from p2pinfer.engines.llama_cpp import LlamaCppEngine
+
+    engine = LlamaCppEngine(context_size=1024, slots=2, threads=1, cache_tokens=8192, batch_size=8)
+    log: list[tuple[str, float, int]] = []
+    consume = _consumer(engine, log)
+
     async def main() -> tuple[GenerationRecord, GenerationRecord]:
         out: dict[str, GenerationRecord] = {}
         decoding = trio.Event()
 
         async def long_answer() -> None:
-            out["b"] = await consume("b", "Count to two hundred: 1, 2, 3, 4, 5,", 160, decoding)
+            out["b"] = await consume("b", engine.tokenize("Count to two hundred: 1, 2, 3, 4, 5,"), 160, decoding)
 
         async def reply_to_save() -> None:
             await decoding.wait()  # b is decoding in the other slot
-            out["a"] = await consume("a", "The three longest rivers in Europe are", 48, None)
-            while engine.reply_saves.count == 0:  # a's reply is saved after its record
-                await trio.sleep(0.001)
-            log.append(("a-saved", trio.current_time(), engine.load().queued_prefill_tokens))
+            out["a"] = await consume("a", engine.tokenize("The three longest rivers in Europe are"), 48, None)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(long_answer)
             nursery.start_soon(reply_to_save)
+        await engine.wait_reply_saves()
         return out["a"], out["b"]
 
     try:
         a, b = trio.run(main)
-        trio.run(engine.wait_reply_saves)
         saved = a.extra["reply_save_tokens"]
-        assert a.finish_reason == "length" and saved >= 32, a  # at least 4 chunks of 8
-        assert b.finish_reason == "length", b  # still decoding when a's reply was saved
+        assert a.finish_reason == "length" and saved >= 32, a
+        assert b.finish_reason == "length", b
         kinds = [k for k, _, _ in log]
-        end_a, saved_a = kinds.index("a-record"), kinds.index("a-saved")
-        assert kinds[end_a - 1] == "a-token" or "a-token" not in kinds[end_a:], kinds  # the record came right after
-        # Between a's record and the end of its save, b's decode steps went on: one after each reply chunk
-        # but the last (exactly saved // 8 - 1 of them; the margin covers consumers woken out of order).
-        during = [log[i] for i in range(end_a + 1, saved_a) if kinds[i] == "b-token"]
-        chunks = -(-saved // 8)
-        assert len(during) >= max(2, chunks // 2), (len(during), chunks, kinds[end_a:saved_a + 1])
-        # While it was saved, the reply counted as queued prefill (b's prompt was done long before).
-        assert saved in {q for _, _, q in during}, during
-        assert engine.load().queued_prefill_tokens == 0
+        end_a, end_b = kinds.index("a-record"), kinds.index("b-record")
+        assert end_a < end_b, kinds  # a ended while b still had tokens to go
+        during = [log[i] for i in range(end_a + 1, end_b) if kinds[i] == "b-token"]
+        assert len(during) >= 8, (len(during), kinds[end_a:])
+        # While b decoded, a's save waited: its tokens stayed queued in the load (b's own save joins
+        # them with b's last token).
+        assert all(q >= saved for _, _, q in during), (saved, sorted({q for _, _, q in during}))
         saves = engine.describe()["reply_saves"]
-        assert saves["count"] == 2 and saves["errors"] == 0 and saves["in_progress"] == 0, saves  # a's and b's
+        assert saves["count"] == 2 and saves["errors"] == 0 and saves["dropped"] == 0, saves  # a's and b's
+        assert saves["in_progress"] == 0 and engine.load().queued_prefill_tokens == 0, saves
         assert engine.describe()["replies_cached"] == 2
+    finally:
+        trio.run(engine.aclose)
+
+
+def test_a_next_turn_waiting_for_a_reply_save_gets_it_before_the_other_slot_is_done() -> None:
+    """A request that waits for a reply's save (a conversation's next turn) makes that
+    save urgent: it runs between the other slot's decode steps, and the next turn
+    starts, reusing prompt and reply, while the long answer beside it still decodes."""
+    from p2pinfer.engines.llama_cpp import LlamaCppEngine
+
+    engine = LlamaCppEngine(context_size=1024, slots=3, threads=1, cache_tokens=8192, batch_size=8)
+    log: list[tuple[str, float, int]] = []
+    consume = _consumer(engine, log)
+    history = [SYSTEM, {"role": "user", "content": "Name three rivers in Europe."}]
+
+    async def main() -> dict[str, GenerationRecord]:
+        out: dict[str, GenerationRecord] = {}
+        decoding = trio.Event()
+
+        async def long_answer() -> None:
+            out["b"] = await consume("b", engine.tokenize("Count to two hundred: 1, 2, 3, 4, 5,"), 200, decoding)
+
+        async def conversation() -> None:
+            await decoding.wait()
+            prompt = engine.chat_tokens(history)
+            ids: list[int] = []
+            async for item in engine.generate(prompt, GenerationParams(max_tokens=24, temperature=0.0)):
+                if isinstance(item, TokenChunk):
+                    ids.extend(item.token_ids)
+            text = engine.detokenize(ids)
+            nxt = engine.chat_tokens([*history, {"role": "assistant", "content": text}, {"role": "user", "content": "And in Asia?"}])
+            out["next"] = await consume("next", nxt, 4, None)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(long_answer)
+            nursery.start_soon(conversation)
+        await engine.wait_reply_saves()
+        return out
+
+    try:
+        out = trio.run(main)
+        kinds = [k for k, _, _ in log]
+        assert kinds.index("next-token") < kinds.index("b-record"), kinds  # did not wait for b's end
+        assert out["next"].reused_tokens > len(engine.chat_tokens(history)) + 8, out["next"]
+        assert engine.describe()["reply_saves"]["dropped"] == 0
+    finally:
+        trio.run(engine.aclose)
+
+
+def test_a_request_that_needs_the_slot_drops_a_reply_save_nobody_waits_for() -> None:
+    """Every slot taken, one of them by a reply save nobody waits for: a new request
+    gets that slot at once rather than waiting for the save. The reply is not cached
+    and is counted as dropped; the request is served as usual."""
+    from p2pinfer.engines.llama_cpp import LlamaCppEngine
+
+    engine = LlamaCppEngine(context_size=1024, slots=2, threads=1, cache_tokens=8192, batch_size=8)
+    log: list[tuple[str, float, int]] = []
+    consume = _consumer(engine, log)
+
+    async def main() -> dict[str, GenerationRecord]:
+        out: dict[str, GenerationRecord] = {}
+        decoding = trio.Event()
+
+        async def long_answer() -> None:
+            out["b"] = await consume("b", engine.tokenize("Count to two hundred: 1, 2, 3, 4, 5,"), 300, decoding)
+
+        async def two_in_turn() -> None:
+            await decoding.wait()
+            out["a"] = await consume("a", engine.tokenize("The three longest rivers in Europe are"), 16, None)
+            # a's save waits for spare time (b decodes); c needs a slot: it takes a's.
+            out["c"] = await consume("c", engine.tokenize("Water boils at a temperature of"), 4, None)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(long_answer)
+            nursery.start_soon(two_in_turn)
+        await engine.wait_reply_saves()
+        return out
+
+    try:
+        out = trio.run(main)
+        kinds = [k for k, _, _ in log]
+        runs = [(k, len(list(g))) for k, g in itertools.groupby(kinds)]
+        saves = engine.describe()["reply_saves"]
+        assert saves["dropped"] == 1 and saves["in_progress"] == 0 and saves["errors"] == 0, (saves, runs)
+        assert out["c"].finish_reason == "length" and kinds.index("c-record") < kinds.index("b-record"), runs
+        # b's and c's replies were saved (in spare time at the end); a's was not.
+        assert saves["count"] == 2 and engine.describe()["replies_cached"] == 2, saves
     finally:
         trio.run(engine.aclose)
 
