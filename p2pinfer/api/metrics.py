@@ -78,6 +78,11 @@ class _SnapshotCollector(Collector):
             yield GaugeMetricFamily(
                 "p2pinfer_reply_saves_in_progress", "Replies being saved now (their slots are taken)", value=saves.in_progress
             )
+            yield CounterMetricFamily(
+                "p2pinfer_reply_saves_dropped",
+                "Reply saves given up before they ran because a request needed their slot (those replies are not cached)",
+                value=saves.dropped,
+            )
 
 
 class NodeMetrics:

@@ -10,10 +10,11 @@ The llama.cpp engine has ``n_slots`` sequences in one context
    job's cached prefix (saved spans, planned by the engine) is restored into
    its slot's sequence;
 3. **one prompt chunk**: of the job admitted first among those still in
-   prefill or saving their reply (first come first served, which minimises
-   the average time to first token among prompts; a reply being saved was
-   admitted before any prompt still in prefill, so it goes first and frees
-   its slot soonest); when it is the prompt's last chunk the
+   prefill or saving a reply a request waits for (first come first served,
+   which minimises the average time to first token among prompts); a reply
+   nobody waits for is saved only in spare time, when there is no prompt
+   chunk, check or decode step to run, and given up when a request needs
+   its slot (:meth:`SlotLoop._drop_reply_saves`); when it is the prompt's last chunk the
    first token is sampled and sent at once, then the prompt's new span is
    saved for the cache. An answer check (:class:`ScoreJob`) is background
    work: its chunk goes instead only when no request has one ready, or
@@ -27,7 +28,7 @@ goes out at once with :class:`~.slot_events.SavingReply` (the engine ends
 the request's stream there) and the job keeps its slot for one more phase,
 *saving the reply*, as background work of the engine: the reply (and the
 chat template's end of turn) is evaluated again as prompt chunks,
-scheduled in step 3 like a prompt's, then its span is saved and the job
+scheduled in step 3 (in spare time unless wanted), then its span is saved and the job
 finishes (:meth:`SlotLoop._begin_reply`).
 
 So a long prompt or reply delays the others' next token by one chunk at

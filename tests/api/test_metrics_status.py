@@ -56,6 +56,8 @@ async def test_reply_saves_are_a_histogram_in_metrics_and_counted_in_status(api:
     saves.started()
     saves.ended(0.05, 0.06, failed=True)
     saves.started()  # one still going
+    saves.started()
+    saves.gave_up()  # and one given up: a request needed its slot
 
     def call() -> tuple[str, dict[str, Any], dict[str, Any]]:
         answer = httpx.post(api.base_url + "/v1/completions", json={"prompt": "question", "max_tokens": 2}).json()
@@ -71,8 +73,9 @@ async def test_reply_saves_are_a_histogram_in_metrics_and_counted_in_status(api:
     assert samples[("p2pinfer_reply_save_seconds_bucket", "+Inf")] == 4
     assert families["p2pinfer_reply_save_errors"].samples[0].value == 1
     assert families["p2pinfer_reply_saves_in_progress"].samples[0].value == 1
+    assert families["p2pinfer_reply_saves_dropped"].samples[0].value == 1
     assert status["engine"]["reply_saves"] == {
-        "count": 4, "errors": 1, "in_progress": 1, "last_ms": 50.0, "last_wall_ms": 60.0,
+        "count": 4, "errors": 1, "dropped": 1, "in_progress": 1, "last_ms": 50.0, "last_wall_ms": 60.0,
         "median_ms": 300.0, "median_of_last": 4, "total_ms": 3650.0,
     }
     assert "reply_save_ms" not in answer["p2pinfer"]
