@@ -268,8 +268,9 @@ def _run(bed: NatTestbed, swarm: NatSwarm, rng: random.Random, *, requests: int,
 
         def killer() -> float:
             time.sleep(kill_requests / rate_rps / 2)
+            at = time.monotonic()  # stamped first: a peer may notice before kill() returns
             swarm.kill(victim)
-            return time.monotonic()
+            return at
 
         with ThreadPoolExecutor(1) as pool:
             fut = pool.submit(killer)

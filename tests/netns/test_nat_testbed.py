@@ -200,8 +200,8 @@ def test_a_killed_relay_is_replaced_and_no_request_is_lost(swarm: NatSwarm) -> N
         for i in range(n):
             time.sleep(max(0.0, t0 + i / rate - time.monotonic()))
             if i == n // 4:
+                killed_at = time.monotonic()  # stamped first: a peer may notice before kill() returns
                 swarm.kill(victim)
-                killed_at = time.monotonic()
             futures.append(pool.submit(forward, swarm, cone, tokens + prompt(300 + i, 24), 4, sid))
         for fut in futures:
             results.append(fut.result())  # a lost request would raise here
