@@ -201,8 +201,6 @@ class SlotLoop:
         """Chunks of replies evaluated again for the cache (not in ``chunks``)."""
         self.saving_replies = 0
         """Slots saving their reply after the last iteration."""
-        self.replies_dropped = 0
-        """Reply saves given up because a request needed their slot (:meth:`_drop_reply_saves`)."""
         self.checking = 0
         """Slots running an answer check after the last iteration."""
         self.check_chunks = 0
@@ -596,7 +594,6 @@ class SlotLoop:
         for job in self._slots:
             if isinstance(job, SlotJob) and job.saving_reply and job.drop_reply and not job.reply_wanted:
                 job.reply_note = "not cached: a request needed its slot before the save ran"
-                self.replies_dropped += 1
                 self._end(job, replace(self._finish_event(job), reply_dropped=True))
 
     def _free_slot(self, job: SlotJob | ScoreJob) -> None:

@@ -97,6 +97,11 @@ def _median_range(xs: Sequence[float], digits: int = 3) -> tuple[float, list[flo
 
 
 # -- part 1: one stream, engine against llama-cpp-python's Llama -------------------
+def _per_token_ms(stamps: list[float], t0: float, n_prompt: int) -> tuple[float, float]:
+    """(prefill ms per prompt token, decode ms per token) from a stream's token times."""
+    return ((stamps[0] - t0) * 1000 / n_prompt, (stamps[-1] - stamps[0]) * 1000 / (len(stamps) - 1))
+
+
 def _raw_llama_worker(conn: Any, model_path: str, context_size: int, threads: int, max_tokens: int) -> None:
     """Child process: llama-cpp-python's ``Llama`` timing one prompt per message."""
     import llama_cpp
@@ -117,7 +122,7 @@ def _raw_llama_worker(conn: Any, model_path: str, context_size: int, threads: in
             stamps.append(time.perf_counter())
             if len(stamps) >= max_tokens:
                 break
-        conn.send(((stamps[0] - t0) * 1000 / len(tokens), (stamps[-1] - stamps[0]) * 1000 / (len(stamps) - 1)))
+        conn.send(_per_token_ms(stamps, t0, len(tokens)))
     llm.close()
 
 
@@ -167,9 +172,6 @@ def single_stream(
     raw = _RawLlamaProcess(model_path, context_size=context_size, threads=threads, max_tokens=max_tokens)
     rows: dict[str, list[tuple[float, float]]] = {"engine": [], "raw_llama_cpp": []}
 
-    def timed(stamps: list[float], t0: float, n_prompt: int) -> tuple[float, float]:
-        return ((stamps[0] - t0) * 1000 / n_prompt, (stamps[-1] - stamps[0]) * 1000 / (len(stamps) - 1))
-
     async def on_engine(tokens: list[int]) -> tuple[float, float]:
         engine.cache.clear()
         stamps: list[float] = []
@@ -178,7 +180,7 @@ def single_stream(
             if not isinstance(item, GenerationRecord):
                 stamps.append(time.perf_counter())
         await engine.wait_reply_saves()  # untimed, and done before Llama's turn on the same cores
-        return timed(stamps, t0, len(tokens))
+        return _per_token_ms(stamps, t0, len(tokens))
 
     def on_raw(tokens: list[int]) -> tuple[float, float]:
         return raw.run(tokens)
