@@ -264,7 +264,10 @@ class Engine(ABC):
 
         One :class:`PositionScore` per position ``start..len(tokens)-1``. It
         is background work (an answer check): it may reuse the cached prefix
-        of ``tokens[:start]`` (never changing the cache), it yields to
+        of ``tokens[:start]``, and it leaves that prompt cached, as serving
+        it would, so that the next check of a prompt sharing its prefix (the
+        same few-shot header, the same conversation) costs only what is new,
+        and the node's digest says what it now holds; it yields to
         requests' prefill, and it is admitted to the engine's queue with
         ``EngineQueue.admit(..., background=True)``, so it holds a slot in
         :meth:`load` without counting in the queued prefill. Raises

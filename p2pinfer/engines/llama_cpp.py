@@ -274,6 +274,8 @@ class LlamaCppEngine(Engine):
         """Prompt tokens those checks restored from the prefix cache instead of evaluating."""
         self.check_tokens_prefilled = 0
         """Tokens those checks evaluated (their prompt's uncached rest and the answer)."""
+        self.check_prompts_cached = 0
+        """Checks whose prompt joined the prefix cache (see :meth:`score`)."""
         if self.cache_window is not None:
             log.info(
                 "%s has a sliding-window KV cache: only prompts of at most %d tokens are cached",
@@ -429,6 +431,7 @@ class LlamaCppEngine(Engine):
             checks_scored=self.checks_scored,
             check_tokens_reused=self.check_tokens_reused,
             check_tokens_prefilled=self.check_tokens_prefilled,
+            check_prompts_cached=self.check_prompts_cached,
             queued_check_tokens=self.queue.background_queued,
             kv_bytes_per_token=self.bytes_per_token,
             prefill_ms_per_token=self.queue.ms_per_token if self.queue.speed_measured else None,
@@ -845,10 +848,17 @@ class LlamaCppEngine(Engine):
         slot loop (:class:`~.slot_loop.ScoreJob`).
 
         * **prompt from the cache**: the longest cached prefix of
-          ``tokens[:start - 1]`` is restored into its sequence (read only:
-          pinned while planned, never touched, inserted or evicted), and only
-          the rest is evaluated, with logits for the rows that predict the
-          answer. The restored KV is bit for bit what a cold prefill
+          ``tokens[:start - 1]`` (``tokens[:start - 2]`` when the prompt is to
+          be cached, as for a request) is restored into its sequence (pinned
+          until the check ends, not touched), and only the rest is evaluated,
+          with logits for the rows that predict the answer.
+        * **prompt into the cache**: the prompt, ``tokens[:start]``, is cut as a
+          request's prompt with the same cached prefix is, its span is saved
+          once its last position is evaluated, and it joins the cache when the
+          check ends, as if it had been served here (issue 21: the next check
+          of the same few-shot header or conversation costs only what is new,
+          and the digest says what the node holds). Not when the prompt is
+          longer than a sliding-window model's cache window. The restored KV is bit for bit what a cold prefill
           computes; the rest is cut into other batches than a cold check's,
           so on a backend whose results depend on the batch (flash attention,
           GPUs) the scores may differ from a cold check's in the last bits
@@ -871,7 +881,8 @@ class LlamaCppEngine(Engine):
         self.validate_score(tokens, start, temperature)
         tokens = list(tokens)
         self._resave_stale()
-        matched = min(self._cache.match(tokens, touch=False), start - 1)
+        save = self.cache_window is None or start <= self.cache_window
+        matched = min(self._cache.match(tokens, touch=False), _max_reuse(start) if save else start - 1)
         try:
             ticket = self.queue.admit(tokens, matched, background=True)
         except QueueFull as exc:
@@ -889,7 +900,8 @@ class LlamaCppEngine(Engine):
                 self._cache.unpin(pinned.pop())
 
         def on_restored(job: ScoreJob) -> None:  # trio side, at once
-            unpin()
+            if not save:
+                unpin()  # else held until its prompt joins the cache, as a request's prefix is
             if job.restore_error:
                 log.warning("cached prefix of a check not restored, recomputed: %s", job.restore_error)
             if job.reused != planned:
@@ -907,7 +919,8 @@ class LlamaCppEngine(Engine):
             except trio.RunFinishedError:
                 pass
 
-        job = ScoreJob(tokens, start, temperature, done, restored, restore)  # type: ignore[arg-type]
+        job = ScoreJob(tokens, start, temperature, done, restored, restore,  # type: ignore[arg-type]
+                       save_from=planned if save else None)
         try:
             self.queue.start(ticket, planned)
             self._loop.submit(job)
@@ -921,6 +934,12 @@ class LlamaCppEngine(Engine):
             new = job.prefilled
             # Not a prefill speed measurement: its chunks also compute and score every answer row.
             self.queue.prefilled(ticket, new)
+            if job.prompt_span is not None and not self._closed:
+                self._store.insert(tokens[:start], job.prompt_span.start, job.prompt_span)
+                self._drop_phantoms()
+                self.check_prompts_cached += 1
+            elif job.save_error:
+                log.warning("a check's prompt not cached: saving its KV failed: %s", job.save_error)
             self.checks_scored += 1
             self.check_tokens_reused += job.reused
             self.check_tokens_prefilled += new

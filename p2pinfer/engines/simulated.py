@@ -192,7 +192,8 @@ class SimulatedEngine(Engine):
         and it takes the engine (one request at a time) for one chunk of
         :data:`SIMULATED_CHECK_CHUNK` tokens at a time, so a request waiting
         goes before its next chunk (trio's lock is FIFO, which also means a
-        check always gets its turn). The cache is read, never changed.
+        check always gets its turn). Its prompt, ``tokens[:start]``, is cached
+        at the end, as the llama.cpp engine's check leaves it.
         """
         self.validate_score(tokens, start, temperature)
         tokens = list(tokens)
@@ -211,6 +212,7 @@ class SimulatedEngine(Engine):
                     await trio.sleep(total_ms * size / new / 1000)
                 pos += size
             self.queue.prefilled(ticket)
+            self._cache.insert(tokens[:start])
             self.check_tokens_reused += cached
             self.check_tokens_prefilled += len(tokens) - cached
         finally:

@@ -152,6 +152,12 @@ class ScoreJob:
     then free again); ``done(job, error)`` once it ended, with ``scores``
     filled or ``error`` set (cancelled: ``JobCancelled``). Both run in the
     loop thread and must not block. Its sequence is emptied before and after.
+
+    With ``save_from`` set, the prompt (``tokens[:start]``) is cut as a
+    request's prompt with the same cached prefix is, the answer after it,
+    and once the prompt's last position is evaluated its span from
+    ``save_from`` is saved (``prompt_span``) for the engine to cache: a check
+    then leaves its prompt cached as serving it would (issue 21).
     """
 
     tokens: list[int]
@@ -163,8 +169,12 @@ class ScoreJob:
     """Saved spans of the cached prefix: ``(span, start, upto)``, consecutive from 0."""
     cancel: threading.Event = field(default_factory=threading.Event)
     order: int = 0
+    save_from: int | None = None
+    """Save the prompt's span from here (None: cache nothing)."""
     # -- the loop's own state ------------------------------------------------
     slot: int = -1
+    prompt_span: KvSpan | None = None
+    save_error: str | None = None
     reused: int = 0
     """Prompt tokens restored from the cache (not evaluated)."""
     restore_error: str | None = None
@@ -449,14 +459,30 @@ class SlotLoop:
                 rt.clear_seq(slot)
                 job.reused = 0
         job.restore = []  # the spans' memory belongs to the cache again
-        # the same cuts as a prompt's prefill from the restored position
-        job.cuts = [(job.reused + off, size) for off, size in rt.chunks(len(job.tokens) - job.reused)]
+        job.cuts = self._score_cuts(job)
         if job.restored is not None:
             try:
                 job.restored(job)
             except Exception:
                 log.exception("telling that a check took its slot failed")
 
+    def _score_cuts(self, job: ScoreJob) -> list[tuple[int, int]]:
+        """A check's chunks: the same cuts as a prompt's prefill from the restored
+        position; when its prompt is to be saved, the prompt's own (a request's for
+        that prompt) and then the answer's, never a one-token batch."""
+        rt, n, start, reused = self._rt, len(job.tokens), job.start, job.reused
+        if job.save_from is None or reused >= start:
+            job.save_from = None
+            return [(reused + off, size) for off, size in rt.chunks(n - reused)]
+        job.save_from = min(job.save_from, reused)
+        prompt = [(reused + off, size) for off, size in rt.chunks(start - reused)]
+        answer = [(start + off, size) for off, size in rt.chunks(n - start)]
+        if answer == [(start, 1)]:  # one answer token: it goes with the prompt's last chunk
+            off, size = prompt[-1]
+            if size + 1 <= rt.n_batch:
+                return prompt[:-1] + [(off, size + 1)]
+            return prompt[:-1] + [(off, size - 1), (start - 1, 2)]
+        return prompt + answer
     def _score_chunk(self, job: ScoreJob) -> None:
         """One chunk of a check; after the last, it ends with its scores."""
         from .llama_score import score_chunk  # noqa: PLC0415
@@ -473,6 +499,12 @@ class SlotLoop:
             job.prefill_s += time.perf_counter() - t0
         job.chunks += 1
         self.check_chunks += 1
+        if job.save_from is not None and job.prompt_span is None and off + size >= job.start:
+            try:
+                job.prompt_span = self._rt.save_span(job.save_from, job.start, seq=job.slot)
+            except Exception as exc:  # not caching this prompt is not worth failing the check
+                job.save_error = str(exc)
+            job.save_from = None
         if not job.cuts:
             self._end_score(job, None)
 

@@ -88,7 +88,8 @@ async def test_simulated_scores_follow_its_generation_and_count_as_background_wo
     assert judge(scores, GenerationParams(), VerifyConfig()).ok
     wrong = await engine.score(prompt + [1, 2, 3], len(prompt))
     assert not judge(wrong, GenerationParams(), VerifyConfig()).ok
-    assert (engine.check_tokens_reused, engine.check_tokens_prefilled) == (0, 2 * len(prompt) + len(out) + 3)
+    # the second check reuses the prompt the first one left cached
+    assert (engine.check_tokens_reused, engine.check_tokens_prefilled) == (len(prompt) - 1, len(prompt) + len(out) + 4)
 
 
 async def test_a_simulated_check_reads_the_cached_prompt_and_lets_a_request_go_between_its_chunks(
@@ -100,8 +101,12 @@ async def test_a_simulated_check_reads_the_cached_prompt_and_lets_a_request_go_b
         pass  # the prompt is cached now
     before = engine.cache.total_tokens
     scores = await engine.score(prompt + [5, 6], len(prompt))
-    assert len(scores) == 2 and engine.cache.total_tokens == before  # read, not changed
+    assert len(scores) == 2 and engine.cache.total_tokens == before  # the prompt was cached already
     assert (engine.check_tokens_reused, engine.check_tokens_prefilled) == (len(prompt) - 1, 3)
+    engine.cache.clear()
+    await engine.score(prompt[:500] + [5, 6], 500)
+    assert engine.cache.match(prompt, touch=False) == 500  # a cold check leaves its prompt cached
+    assert engine.cache.total_tokens == 500  # and not its answer
     engine.cache.clear()
     done: dict[str, float] = {}
 
@@ -162,7 +167,8 @@ async def test_a_check_runs_in_chunks_while_a_stream_keeps_decoding(engine: Any)
     duration = window["end"] - window["start"]
     during = [t for t in stamps if window["start"] <= t <= window["end"]]
     gaps = [b - a for a, b in zip(during, during[1:])]
-    assert engine._loop.check_chunks - chunks0 == len(engine._rt.chunks(len(check_tokens)))
+    # the prompt in a request's cuts (it is cached afterwards), then the answer's 16 tokens
+    assert engine._loop.check_chunks - chunks0 == len(engine._rt.chunks(len(check_tokens) - 16)) + 1
     assert len(during) >= 4, (len(during), duration)  # it kept decoding during the check
     print(f"check {duration:.3f} s, {len(during)} tokens during it, longest gap {max(gaps):.3f} s")
     assert max(gaps) < duration / 3, (max(gaps), duration)
@@ -206,14 +212,15 @@ async def test_a_check_restores_the_cached_prompt_and_scores_as_a_cold_check(eng
     cache_before = engine.cache.total_tokens
     reused0, prefilled0 = engine.check_tokens_reused, engine.check_tokens_prefilled
     warm = await engine.score(tokens, len(prompt))
-    cached = len(prompt) - 1  # the row before the answer is computed
+    cached = len(prompt) - 2  # the prompt's last two tokens are computed, as for a request
     assert engine.check_tokens_reused - reused0 == cached
     assert engine.check_tokens_prefilled - prefilled0 == len(tokens) - cached
-    assert engine.cache.total_tokens == cache_before  # read only
+    assert engine.cache.total_tokens == cache_before  # the prompt was cached already
     engine.cache.clear()
     reused0, prefilled0 = engine.check_tokens_reused, engine.check_tokens_prefilled
     cold = await engine.score(tokens, len(prompt))
     assert (engine.check_tokens_reused - reused0, engine.check_tokens_prefilled - prefilled0) == (0, len(tokens))
+    assert engine.cache.match(tokens, touch=False) == len(prompt)  # the cold check left its prompt cached
     verdict = judge(warm, GenerationParams(), VerifyConfig())
     assert verdict.ok and verdict == judge(cold, GenerationParams(), VerifyConfig())
     assert [s.best_token for s in warm] == [s.best_token for s in cold] == out
@@ -308,3 +315,35 @@ async def test_a_check_running_when_the_slot_loop_dies_fails_explicitly() -> Non
             await engine.score(long, len(long) - 4)
     finally:
         await engine.aclose()
+
+
+@pytest.mark.parametrize("shape", ["answer of 12 tokens", "one answer token", "one answer token after full chunks"])
+async def test_a_prompt_cached_by_a_check_serves_the_same_greedy_answer_as_a_cold_prefill(engine: Any, shape: str) -> None:
+    """A check leaves its prompt cached (issue 21); a request then restoring that KV must get
+    what a cold prefill gives, bit for bit (the engine's exactness guarantee), whatever the
+    check's cuts around its answer (one answer token rides with the prompt's last chunk, or
+    the last full chunk gives it a token)."""
+    bs = engine.batch_size
+    words = _long_prompt(engine, 400)
+    prompt = words[: 2 * bs] if shape == "one answer token after full chunks" else words[: 2 * bs + 37]
+    params = GenerationParams(max_tokens=12, logprobs=True)
+    cold_out, cold_lps = await answer(engine, prompt, params)
+    assert len(cold_out) >= 2
+    engine.cache.clear()
+    given = cold_out if shape == "answer of 12 tokens" else cold_out[:1]
+    cached0 = engine.check_prompts_cached
+    scores = await engine.score(prompt + given, len(prompt))
+    assert [s.best_token for s in scores] == given
+    assert engine.check_prompts_cached == cached0 + 1
+    assert engine.cache.match(prompt + given, touch=False) == len(prompt)
+    reused = []
+    out: list[int] = []
+    lps: list[float] = []
+    async for item in engine.generate(prompt, params):
+        if isinstance(item, TokenChunk):
+            out.extend(item.token_ids)
+            lps.extend(lp.logprob for lp in item.logprobs)
+        else:
+            reused.append(item.reused_tokens)
+    assert reused == [len(prompt) - 2]  # served from what the check left
+    assert out == cold_out and lps == cold_lps
