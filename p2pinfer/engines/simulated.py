@@ -73,6 +73,7 @@ class SimulatedEngine(Engine):
         chat_template: str = "chatml-approx-v1",
         vocab_size: int = 49152,
         reply_cache: bool = False,
+        check_cache: bool = True,
         **_ignored: Any,
     ) -> None:
         """``speed`` scales the cost model: 0 makes every request instant.
@@ -94,6 +95,8 @@ class SimulatedEngine(Engine):
         self._lock = trio.Lock()  # FIFO: one request at a time, like one llama.cpp context
         # Its speed is its cost model's, known: nothing to measure.
         self.queue = EngineQueue(ms_per_token=self.cost.prefill_ms_per_token, max_queue=max_queue)
+        self.check_cache = check_cache
+        """An answer check leaves its prompt cached (the node setting ``check_cache``)."""
         self.check_tokens_reused = 0
         """Prompt tokens answer checks found cached (not prefilled)."""
         self.check_tokens_prefilled = 0
@@ -193,7 +196,8 @@ class SimulatedEngine(Engine):
         :data:`SIMULATED_CHECK_CHUNK` tokens at a time, so a request waiting
         goes before its next chunk (trio's lock is FIFO, which also means a
         check always gets its turn). Its prompt, ``tokens[:start]``, is cached
-        at the end, as the llama.cpp engine's check leaves it.
+        at the end (unless ``check_cache`` is off), as the llama.cpp engine's
+        check leaves it.
         """
         self.validate_score(tokens, start, temperature)
         tokens = list(tokens)
@@ -212,7 +216,8 @@ class SimulatedEngine(Engine):
                     await trio.sleep(total_ms * size / new / 1000)
                 pos += size
             self.queue.prefilled(ticket)
-            self._cache.insert(tokens[:start])
+            if self.check_cache:
+                self._cache.insert(tokens[:start])
             self.check_tokens_reused += cached
             self.check_tokens_prefilled += len(tokens) - cached
         finally:

@@ -108,6 +108,9 @@ async def test_a_simulated_check_reads_the_cached_prompt_and_lets_a_request_go_b
     assert engine.cache.match(prompt, touch=False) == 500  # a cold check leaves its prompt cached
     assert engine.cache.total_tokens == 500  # and not its answer
     engine.cache.clear()
+    untouched = SimulatedEngine(speed=0.0, check_cache=False)  # the node setting check_cache off
+    await untouched.score(prompt[:500] + [5, 6], 500)
+    assert untouched.cache.total_tokens == 0
     done: dict[str, float] = {}
 
     async def check() -> None:
@@ -347,3 +350,13 @@ async def test_a_prompt_cached_by_a_check_serves_the_same_greedy_answer_as_a_col
             reused.append(item.reused_tokens)
     assert reused == [len(prompt) - 2]  # served from what the check left
     assert out == cold_out and lps == cold_lps
+
+
+def test_the_node_setting_check_cache_reaches_the_engine_only_when_off() -> None:
+    from p2pinfer.cli.node_cmd import engine_options
+    from p2pinfer.cli.settings import resolve_settings
+
+    default, _ = resolve_settings({}, env={})
+    assert default.check_cache is True and "check_cache" not in engine_options(default)
+    off, origin = resolve_settings({}, env={"P2PINFER_CHECK_CACHE": "0"})
+    assert engine_options(off)["check_cache"] is False and origin["check_cache"] == "$P2PINFER_CHECK_CACHE"

@@ -144,7 +144,10 @@ def test_lost_update_is_healed_by_the_checksum_refresh(cluster):
     # only heal, and its flushes the only registrations. With the defaults a
     # timed refresh or update could land between the loss and the lossy
     # request (CI saw the prediction already healed: 320, not < 320).
-    nodes = directory_swarm(cluster, names=["B", "A", "C", "D"], directory=replace(DIRECTORY, refresh_s=3600.0, entry_ttl_s=7200.0, update_interval_s=3600.0))
+    # And no check cache: A checks C's first answers (probation), and a check would
+    # leave the prompt in A's own cache, so A would serve the healed request itself.
+    nodes = directory_swarm(cluster, names=["B", "A", "C", "D"], directory=replace(DIRECTORY, refresh_s=3600.0, entry_ttl_s=7200.0, update_interval_s=3600.0),
+                            engine_options={"check_cache": False})
     shared, owners, c, a = pick_roles(nodes, 3000)
     assert c.call("generate", tokens=shared, max_tokens=2, prefer="local")["served_locally"]
     c.call("directory_flush")

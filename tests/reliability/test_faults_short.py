@@ -30,7 +30,10 @@ def peer_view(http: httpx.Client, node, peer_id: str) -> dict | None:
 
 
 def test_sse_stream_continues_when_the_serving_node_is_sigkilled() -> None:
-    with LocalSwarm(3, engine="simulated") as swarm, httpx.Client(timeout=30) as http:
+    # --no-check-cache: the entry checks the server's first answers (its probation), and a
+    # check would leave the prefix in the entry's own cache, which would then serve the
+    # streamed request itself instead of the server this test kills.
+    with LocalSwarm(3, engine="simulated", node_args=["--no-check-cache"]) as swarm, httpx.Client(timeout=30) as http:
         swarm.wait_connected()
         prefix = group_prefix(7, 100)
         seeded = http.post(swarm.nodes[1].http + "/v1/completions", json={"prompt": prefix, "max_tokens": 1})
