@@ -337,23 +337,18 @@ class SlotLoop:
         self._outbox.append((job, events))
 
     def _flush(self) -> None:
-        """Hand the queued events to the poster. Called right before a llama.cpp call
-        (which releases the GIL) and before the loop waits, so that the poster, and the
-        trio thread it wakes, run beside llama.cpp rather than between its calls."""
+        """Hand the queued events to the poster. Called right before llama.cpp work
+        (which releases the GIL: an iteration's chunk, its decode step, a prompt's span
+        save after its first token) and before the loop waits, so that the poster, and
+        the trio thread it wakes, run beside llama.cpp rather than between its calls."""
         if self._outbox:
             out, self._outbox = self._outbox, []
             self._poster.hand(out)
 
-    def _idle(self) -> bool:
-        return not self._closing and not self._inbox and not any(self._slots)
-
     def _iteration(self) -> bool:
         with self._cv:
-            idle = self._idle()
-        if idle:
-            self._flush()
-        with self._cv:
-            while self._idle():
+            while not self._closing and not self._inbox and not any(self._slots):
+                self._flush()  # before waiting: nothing else would send them
                 self._cv.wait()
             if self._closing:
                 return False
@@ -369,6 +364,7 @@ class SlotLoop:
             # only now, so that under load its save costs the others nothing (issue 18).
             job = min((j for j in jobs if j.saving_reply), key=lambda j: j.order, default=None)
         turn = self._turns.next(job is not None, bool(checks))
+        self._flush()  # what reap and admit queued, before this iteration's llama.cpp calls
         if turn == "check":
             self._score_chunk(min(checks, key=lambda j: j.order))
         elif job is not None:
@@ -380,9 +376,8 @@ class SlotLoop:
             self._reap()
         steps = [j for j in self._slots if isinstance(j, SlotJob) and j.token is not None]
         if steps:
+            self._flush()
             self._decode_step(steps)
-        elif turn is None:
-            self._flush()  # no llama.cpp call this time: nothing to wait for
         jobs = [j for j in self._slots if isinstance(j, SlotJob)]
         self.busy_slots = sum(1 for j in self._slots if j is not None)
         self.checking = self.busy_slots - len(jobs)
@@ -483,12 +478,12 @@ class SlotLoop:
                 return prompt[:-1] + [(off, size + 1)]
             return prompt[:-1] + [(off, size - 1), (start - 1, 2)]
         return prompt + answer
+
     def _score_chunk(self, job: ScoreJob) -> None:
         """One chunk of a check; after the last, it ends with its scores."""
         from .llama_score import score_chunk  # noqa: PLC0415
 
         off, size = job.cuts.pop(0)
-        self._flush()
         t0 = time.perf_counter()
         try:
             job.scores += score_chunk(self._rt, job.tokens, job.start, job.temperature, off, size, seq=job.slot)
@@ -521,7 +516,6 @@ class SlotLoop:
         n = len(job.tokens)
         # the same cuts as LlamaRuntime.prefill over the rest of the prompt
         off, size = rt.chunks(n - job.pos)[0]
-        self._flush()
         t0 = time.perf_counter()
         if job.first_chunk_at is None:
             job.first_chunk_at = t0
@@ -559,7 +553,6 @@ class SlotLoop:
     def _decode_step(self, steps: Sequence[SlotJob]) -> None:
         rt = self._rt
         n = len(steps)
-        self._flush()
         t0 = time.perf_counter()
         try:
             rt.decode([(j.slot, j.token, len(j.tokens) + j.generated - 1) for j in steps])  # type: ignore[misc]
@@ -685,7 +678,6 @@ class SlotLoop:
         assert job.reply_new is not None
         n = len(job.tokens)
         off, size = job.reply_cuts.pop(0)
-        self._flush()
         t0 = time.perf_counter()
         span = None
         try:

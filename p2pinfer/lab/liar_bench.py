@@ -80,12 +80,12 @@ class LiarSwarm:
         # No check cache: an origin that checks the fourth node's first answers (its
         # probation) would keep the checked prompt and serve its group itself, so the
         # lie would stop attracting work for a reason other than distrust.
-        honest_engine = {"check_cache": False}
-        small = {"cache_tokens": fourth_cache_tokens, **honest_engine}
+        no_check_cache = {"check_cache": False}
+        small = {"cache_tokens": fourth_cache_tokens, **no_check_cache}
         self.nodes: list[Any] = []
-        first = NodeProcess(fast_config(engine_options=honest_engine, **common).replace(router=router), f"{scenario}-honest0")
+        first = NodeProcess(fast_config(engine_options=no_check_cache, **common).replace(router=router), f"{scenario}-honest0")
         self.nodes.append(first)
-        configs = [fast_config(bootstrap=(first.addr,), engine_options=honest_engine, **common).replace(router=router)
+        configs = [fast_config(bootstrap=(first.addr,), engine_options=no_check_cache, **common).replace(router=router)
                    for _ in range(2)]
         configs.append(
             fast_config(bootstrap=(first.addr,), engine_options=small, **common).replace(router=router)

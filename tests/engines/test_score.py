@@ -14,13 +14,22 @@ from p2pinfer.engines.base import EngineError, GenerationParams, InvalidRequestE
 from p2pinfer.engines.simulated import SimulatedEngine
 
 
-async def answer(engine: Any, tokens: list[int], params: GenerationParams) -> tuple[list[int], list[float]]:
+async def answer_and_record(engine: Any, tokens: list[int], params: GenerationParams) -> tuple[list[int], list[float], Any]:
+    """The generated tokens, their logprobs, and the generation's record."""
     out: list[int] = []
     lps: list[float] = []
+    record = None
     async for item in engine.generate(tokens, params):
         if isinstance(item, TokenChunk):
             out.extend(item.token_ids)
             lps.extend(lp.logprob for lp in item.logprobs)
+        else:
+            record = item
+    return out, lps, record
+
+
+async def answer(engine: Any, tokens: list[int], params: GenerationParams) -> tuple[list[int], list[float]]:
+    out, lps, _ = await answer_and_record(engine, tokens, params)
     return out, lps
 
 
@@ -339,16 +348,8 @@ async def test_a_prompt_cached_by_a_check_serves_the_same_greedy_answer_as_a_col
     assert [s.best_token for s in scores] == given
     assert engine.check_prompts_cached == cached0 + 1
     assert engine.cache.match(prompt + given, touch=False) == len(prompt)
-    reused = []
-    out: list[int] = []
-    lps: list[float] = []
-    async for item in engine.generate(prompt, params):
-        if isinstance(item, TokenChunk):
-            out.extend(item.token_ids)
-            lps.extend(lp.logprob for lp in item.logprobs)
-        else:
-            reused.append(item.reused_tokens)
-    assert reused == [len(prompt) - 2]  # served from what the check left
+    out, lps, record = await answer_and_record(engine, prompt, params)
+    assert record.reused_tokens == len(prompt) - 2  # served from what the check left
     assert out == cold_out and lps == cold_lps
 
 
