@@ -23,6 +23,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             True, "--reply-cache/--no-reply-cache",
             help="The p2pinfer node saves each reply for the next turn (its default; llama-server has no such step).",
         ),
+        flash_attn: str = typer.Option(
+            "auto", "--flash-attn",
+            help="The p2pinfer node's flash attention (its flash_attn setting: auto, on, off); llama-server runs with its own default, -fa auto.",
+        ),
         context: int = typer.Option(4096, min=512, help="Context per request, both servers."),
         prompt_tokens: int = typer.Option(300, min=32, max=3000),
         max_tokens: int = typer.Option(64, min=2, max=1024),
@@ -42,10 +46,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             raise typer.BadParameter("comma-separated integers", param_hint="--levels") from None
         if not wanted or any(not 1 <= n <= 64 for n in wanted):
             raise typer.BadParameter("levels must be in 1..64", param_hint="--levels")
+        if flash_attn not in ("auto", "on", "off"):
+            raise typer.BadParameter("auto, on or off", param_hint="--flash-attn")
         result = run_concurrency_bench(
             levels=wanted, model_path=model, threads=threads or None, slots=slots or None, context_size=context,
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, requests_per_client=requests_per_client,
-            rounds=rounds, reply_cache=reply_cache, llama_server=llama_server, llama_server_slots=server_slots or None,
+            rounds=rounds, reply_cache=reply_cache, flash_attn=flash_attn, llama_server=llama_server, llama_server_slots=server_slots or None,
             progress=lambda msg: print(msg, file=sys.stderr, flush=True),
         )
         result = with_provenance(result)

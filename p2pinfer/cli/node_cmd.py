@@ -15,8 +15,14 @@ from .settings import NodeSettings, SettingsError, resolve_settings
 __all__ = ["node_config_from_settings", "register", "run_node"]
 
 
+FLASH_ATTN = ("auto", "on", "off")
+"""Values of the ``flash_attn`` setting."""
+
+
 def engine_options(settings: NodeSettings) -> dict[str, Any]:
     """Settings -> keyword options of the chosen engine's constructor."""
+    if settings.flash_attn not in FLASH_ATTN:
+        raise SettingsError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}, not {settings.flash_attn!r}")
     opts: dict[str, Any] = {}
     if settings.cache_tokens is not None:
         opts["cache_tokens"] = settings.cache_tokens
@@ -38,6 +44,8 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
         opts["slots"] = settings.slots
     if settings.gpu_layers is not None:
         opts["n_gpu_layers"] = settings.gpu_layers
+    if settings.flash_attn != "auto":
+        opts["flash_attn"] = settings.flash_attn == "on"
     if settings.cpu_repack:
         opts["cpu_repack"] = True
     return opts
@@ -223,6 +231,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         check_cache: Optional[bool] = typer.Option(
             None, "--check-cache/--no-check-cache",
             help="An answer check leaves the prompt it checked in the prefix cache (default on).",
+        ),
+        flash_attn: Optional[str] = typer.Option(
+            None, "--flash-attn",
+            help="llama.cpp flash attention: auto (default: off on the CPU, where greedy output would then depend "
+            "on where a cache hit ends), on (faster prefill and batches, that guarantee gone) or off.",
         ),
         cpu_repack: Optional[bool] = typer.Option(
             None, "--cpu-repack/--no-cpu-repack",

@@ -60,6 +60,9 @@ class NodeSettings:
     check_cache: bool = True
     """An answer check leaves the prompt it checked in the prefix cache (the next
     check of the same header is cheap; this node then holds it for routing too)."""
+    flash_attn: str = "auto"
+    """llama.cpp flash attention: ``auto`` (off on the CPU, where it would make greedy
+    output depend on where a cache hit ends; llama.cpp's choice with offload), ``on`` or ``off``."""
     cpu_repack: bool = False
     """Let llama.cpp repack weights for the CPU (AMX, AVX/NEON layouts). Off by
     default: the AMX path crashes on some Intel CPUs (llama.cpp issue 20824)."""

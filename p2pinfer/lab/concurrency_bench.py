@@ -235,7 +235,7 @@ class P2pinferNode(ServerUnderTest):
     name = "p2pinfer"
 
     def __init__(self, model_path: str, *, threads: int, context_size: int, slots: int | None,
-                 reply_cache: bool = True) -> None:
+                 reply_cache: bool = True, flash_attn: str = "auto") -> None:
         super().__init__()
         from .local_swarm import LocalSwarm
 
@@ -244,6 +244,8 @@ class P2pinferNode(ServerUnderTest):
             args += ["--slots", str(slots)]
         if not reply_cache:
             args.append("--no-reply-cache")
+        if flash_attn != "auto":
+            args += ["--flash-attn", flash_attn]
         self._swarm = LocalSwarm(1, engine="llama-cpp", node_args=args).start()
         self.base_url = self._swarm.nodes[0].http.rstrip("/") + "/v1"
 
@@ -267,14 +269,14 @@ class LlamaServer(ServerUnderTest):
     name = "llama-server"
 
     def __init__(self, binary: str, model_path: str, *, threads: int, context_size: int, slots: int,
-                 start_timeout_s: float = 120.0) -> None:
+                 start_timeout_s: float = 120.0, extra_args: Sequence[str] = ()) -> None:
         super().__init__()
         import httpx
 
         port = _free_port()
         self.command = [
             binary, "-m", model_path, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-            "-tb", str(threads), "-np", str(slots), "-c", str(context_size * slots), "--no-repack", "--no-webui",
+            "-tb", str(threads), "-np", str(slots), "-c", str(context_size * slots), "--no-repack", "--no-webui", *extra_args,
         ]
         self._log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
         self.log_path = self._log.name
@@ -405,6 +407,7 @@ def run_concurrency_bench(
     requests_per_client: int = 2,
     rounds: int = 3,
     reply_cache: bool = True,
+    flash_attn: str = "auto",
     single_stream_prompts: int = 4,
     single_stream_reps: int = 2,
     llama_server: str | None = None,
@@ -441,6 +444,7 @@ def run_concurrency_bench(
         "requests_per_client": requests_per_client,
         "slots": engine_slots,
         "reply_cache": reply_cache,
+        "flash_attn": flash_attn,
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
     say("single stream: engine against Llama")
@@ -451,7 +455,8 @@ def run_concurrency_bench(
     servers: list[ServerUnderTest] = []
     try:
         say("starting the p2pinfer node")
-        servers.append(P2pinferNode(path, threads=threads, context_size=context_size, slots=slots, reply_cache=reply_cache))
+        servers.append(P2pinferNode(path, threads=threads, context_size=context_size, slots=slots, reply_cache=reply_cache,
+                                     flash_attn=flash_attn))
         if llama_server:
             say("starting llama-server")
             ls = LlamaServer(llama_server, path, threads=threads, context_size=context_size, slots=server_slots)
