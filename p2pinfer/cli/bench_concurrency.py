@@ -46,8 +46,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             raise typer.BadParameter("comma-separated integers", param_hint="--levels") from None
         if not wanted or any(not 1 <= n <= 64 for n in wanted):
             raise typer.BadParameter("levels must be in 1..64", param_hint="--levels")
-        if flash_attn not in ("auto", "on", "off"):
-            raise typer.BadParameter("auto, on or off", param_hint="--flash-attn")
+        from .settings import SettingsError, flash_attn_option
+
+        try:
+            flash_attn_option(flash_attn)
+        except SettingsError:
+            raise typer.BadParameter("auto, on or off", param_hint="--flash-attn") from None
         result = run_concurrency_bench(
             levels=wanted, model_path=model, threads=threads or None, slots=slots or None, context_size=context,
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, requests_per_client=requests_per_client,

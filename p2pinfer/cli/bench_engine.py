@@ -61,10 +61,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 options["n_gpu_layers"] = n_gpu_layers
             if batch_size:
                 options["batch_size"] = batch_size
-            if flash_attn not in ("auto", "on", "off"):
-                raise typer.BadParameter("auto, on or off", param_hint="--flash-attn")
-            if flash_attn != "auto":
-                options["flash_attn"] = flash_attn == "on"
+            from .settings import SettingsError, flash_attn_option
+
+            try:
+                attn = flash_attn_option(flash_attn)
+            except SettingsError:
+                raise typer.BadParameter("auto, on or off", param_hint="--flash-attn") from None
+            if attn is not None:
+                options["flash_attn"] = attn
 
         async def main() -> dict[str, Any]:
             engine = load_engine(engine_name, **options)

@@ -10,19 +10,14 @@ from typing import Any, Optional
 
 import typer
 
-from .settings import NodeSettings, SettingsError, resolve_settings
+from .settings import NodeSettings, SettingsError, flash_attn_option, resolve_settings
 
 __all__ = ["node_config_from_settings", "register", "run_node"]
 
 
-FLASH_ATTN = ("auto", "on", "off")
-"""Values of the ``flash_attn`` setting."""
-
-
 def engine_options(settings: NodeSettings) -> dict[str, Any]:
     """Settings -> keyword options of the chosen engine's constructor."""
-    if settings.flash_attn not in FLASH_ATTN:
-        raise SettingsError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}, not {settings.flash_attn!r}")
+    flash_attn = flash_attn_option(settings.flash_attn)  # a bad value is refused for every engine
     opts: dict[str, Any] = {}
     if settings.cache_tokens is not None:
         opts["cache_tokens"] = settings.cache_tokens
@@ -44,8 +39,8 @@ def engine_options(settings: NodeSettings) -> dict[str, Any]:
         opts["slots"] = settings.slots
     if settings.gpu_layers is not None:
         opts["n_gpu_layers"] = settings.gpu_layers
-    if settings.flash_attn != "auto":
-        opts["flash_attn"] = settings.flash_attn == "on"
+    if flash_attn is not None:
+        opts["flash_attn"] = flash_attn
     if settings.cpu_repack:
         opts["cpu_repack"] = True
     return opts

@@ -24,13 +24,24 @@ from pathlib import Path
 import tomllib
 from typing import Any
 
-__all__ = ["ENV_PREFIX", "SettingsError", "NodeSettings", "resolve_settings"]
+__all__ = ["ENV_PREFIX", "FLASH_ATTN", "SettingsError", "NodeSettings", "flash_attn_option", "resolve_settings"]
 
 ENV_PREFIX = "P2PINFER_"
 
 
 class SettingsError(ValueError):
     """A setting that cannot be used; the message names it and its source."""
+
+
+FLASH_ATTN = ("auto", "on", "off")
+"""Values of the ``flash_attn`` setting (and of the benchmarks' ``--flash-attn``)."""
+
+
+def flash_attn_option(value: str) -> bool | None:
+    """The llama-cpp engine's ``flash_attn`` for a ``flash_attn`` setting: None (its default) for auto."""
+    if value not in FLASH_ATTN:
+        raise SettingsError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}, not {value!r}")
+    return None if value == "auto" else value == "on"
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The node setting ``flash_attn`` (auto/on/off) reaches llama.cpp, and a bad value is refused."""
+"""The node setting ``flash_attn`` (auto/on/off) reaches the llama.cpp engine, and a bad value is refused."""
 
 from __future__ import annotations
 

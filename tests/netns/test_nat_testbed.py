@@ -36,6 +36,11 @@ def prompt(seed: int, n: int = 1024) -> list[int]:
 def seed_prefix(swarm: NatSwarm, holder: str, tokens: list[int], others: list[str]) -> None:
     """``holder`` caches ``tokens``; every one of ``others`` hears of all its blocks."""
     swarm.nodes[holder].call("generate", tokens=tokens, max_tokens=1, prefer="local", timeout_s=120)
+    wait_heard(swarm, holder, tokens, others)
+
+
+def wait_heard(swarm: NatSwarm, holder: str, tokens: list[int], others: list[str]) -> None:
+    """Until every one of ``others`` lists all of ``holder``'s blocks of ``tokens`` in its view."""
     hid = swarm.ids[holder]
     blocks = len(tokens) // BLOCK
 
@@ -228,8 +233,7 @@ def test_a_killed_relay_is_replaced_and_no_request_is_lost(swarm: NatSwarm) -> N
     # Through the new relays, the holder serves again with the predicted reuse, once cone has its
     # digest again: the view may drop a peer whose connection died with the relay (stale metadata
     # costs a miss, never a wrong answer), and the next digest it hears brings the blocks back.
-    wait_until(lambda: swarm.nodes[cone].call("view").get(sid, {}).get("blocks", 0) >= len(tokens) // BLOCK, 60,
-               interval_s=0.5, what=f"{cone} heard {sym}'s blocks again after the relay died")
+    wait_heard(swarm, sym, tokens, [cone])
     after = forward(swarm, cone, tokens + prompt(400, 24), prefer=sid)
     assert after["served_by"] == sid and after["path"] == "relayed", after["attempts"]
     assert after["reused_tokens"] == after["predicted_reused_tokens"] == len(tokens)
