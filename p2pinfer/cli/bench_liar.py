@@ -27,7 +27,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         scenario: list[str] = typer.Option(
             list(SCENARIOS), help=f"Scenarios to run (repeatable): {', '.join(SCENARIOS)} (a cache liar, simulated "
             f"engines), or {', '.join(WRONG_SCENARIOS)} (a peer returning wrong tokens, real llama.cpp engines)."),
-        subjects: int = typer.Option(8, min=4, help="wrong-tokens: MMLU subjects (each cached on one node)."),
+        subjects: int = typer.Option(12, min=4, help="wrong-tokens: MMLU subjects (each cached on one node; from 12 on "
+                                     "the liar holds one for each of the three origins to meet it with)."),
         wrong_requests: int = typer.Option(40, min=4, help="wrong-tokens: requests per liar scenario."),
         cost_requests: int = typer.Option(60, min=4, help="wrong-tokens: measured requests of the cost comparison."),
         warmup: int = typer.Option(40, min=0, help="wrong-tokens: requests before the cost is measured (probation)."),

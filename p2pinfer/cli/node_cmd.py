@@ -57,7 +57,7 @@ def node_config_from_settings(settings: NodeSettings) -> Any:
     if key_file:
         Path(key_file).parent.mkdir(parents=True, exist_ok=True)
     try:
-        verify = VerifyConfig(fraction=settings.verify_fraction)
+        verify = VerifyConfig(fraction=settings.verify_fraction, budget=settings.verify_budget)
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     try:
@@ -246,6 +246,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         verify_fraction: Optional[float] = typer.Option(
             None, help="Share of forwarded answers checked against this node's model, 0..1 (default 0.1; "
             "a new peer's first answers are always checked).",
+        ),
+        verify_budget: Optional[float] = typer.Option(
+            None, help="Largest share of the engine's work spent on spot checks (default 0.05; 1: no limit); "
+            "a spot check drawn over it is skipped. A new peer's probation checks are not limited.",
         ),
         key_file: Optional[str] = typer.Option(None, help="Identity key file (created if missing)."),
         swarm_secret: Optional[str] = typer.Option(None, "--swarm-secret", help="Swarm secret (keys the digests)."),

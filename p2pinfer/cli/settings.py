@@ -90,6 +90,10 @@ class NodeSettings:
     verify_fraction: float = 0.1
     """Share of forwarded answers from trusted peers checked against this node's
     model (0..1; a new peer's first answers are always checked)."""
+    verify_budget: float = 0.05
+    """Largest share of this node's engine work that spot checks take (tokens
+    evaluated for checks against tokens evaluated serving); a spot check drawn
+    over it is skipped. 1: no limit. Probation checks are not limited."""
     key_file: str | None = "~/.p2pinfer/node.key"
     """Persistent libp2p identity; empty for a new identity at every start."""
     swarm_secret: str | None = None

@@ -34,7 +34,13 @@ from its start is never shown and the request continues elsewhere from the
 last verified token (the rest then streams and the whole answer is checked
 at its end); and a ``fraction`` of the others, checked once they have been
 streamed (a failure then sanctions the peer but cannot take back what the
-client saw).
+client saw). Those spot checks have a **budget**: a drawn spot check is
+skipped while the tokens spot checks have evaluated exceed ``budget`` times
+the tokens this node's engine evaluated serving requests (prompt tokens not
+taken from the cache, plus generated ones), so that checking never takes
+more than about that share of the node's work, whatever the checks cost
+(a cold check of a long prompt costs many answers' worth). Probation checks
+are outside the budget: they are the defence against a new peer.
 """
 
 from __future__ import annotations
@@ -104,6 +110,11 @@ class VerifyConfig:
     """Nats by which a greedy token may fall short of the argmax."""
     sampling_z: float = 6.0
     """Standard deviations below the expected log-likelihood that reject a sampled answer."""
+    budget: float = 0.05
+    """Spot checks' share of this node's engine work (tokens evaluated for
+    checks against tokens evaluated serving requests; setting
+    ``verify_budget``): a spot check drawn over it is skipped. 1 or more: no
+    limit. Probation checks are not limited."""
     max_checked_tokens: int = 512
     """Only the first this many tokens of an answer are checked (the cost of a check is capped)."""
     remembered_peers: int = 4096
@@ -114,6 +125,8 @@ class VerifyConfig:
             raise ValueError(f"verify_fraction must be in 0..1 (got {self.fraction})")
         if self.probation_answers < 0 or self.probation_hold_tokens < 0:
             raise ValueError("probation_answers and probation_hold_tokens must be >= 0")
+        if not self.budget >= 0.0:
+            raise ValueError(f"verify_budget must be >= 0 (got {self.budget})")
         if not self.greedy_tolerance > 0 or not self.sampling_z > 0:
             raise ValueError("greedy_tolerance and sampling_z must be positive")
         if self.max_checked_tokens < 1 or self.remembered_peers < 1:
@@ -214,6 +227,13 @@ class SpotChecks:
         self.checked_tokens = 0
         self.windows_passed = 0
         """Probation windows (``probation_hold_tokens``) that passed; their answers are checked again whole."""
+        self.served_tokens = 0
+        """Tokens this node's engine evaluated serving requests (:meth:`note_served`)."""
+        self.spot_tokens = 0
+        """Tokens its engine evaluated for spot checks (:meth:`note_spot_check`)."""
+        self.spot_checks_drawn = 0
+        self.spot_checks_over_budget = 0
+        """Spot checks drawn but skipped because checks had used their budget."""
 
     def on_probation(self, peer: str) -> bool:
         return self._passed.get(peer, 0) < self.config.probation_answers
@@ -224,7 +244,26 @@ class SpotChecks:
             return "none"
         if self.on_probation(peer):
             return "hold"
-        return "after" if self.rng.random() < self.config.fraction else "none"
+        if self.rng.random() >= self.config.fraction:
+            return "none"
+        self.spot_checks_drawn += 1
+        if self.over_budget():
+            self.spot_checks_over_budget += 1
+            return "none"
+        return "after"
+
+    def over_budget(self) -> bool:
+        """Whether spot checks have used their share of the work (a check may
+        start at the limit and end over it; the next waits until serving catches up)."""
+        return self.config.budget < 1.0 and self.spot_tokens > self.config.budget * self.served_tokens
+
+    def note_served(self, evaluated_tokens: int) -> None:
+        """A request served here: the tokens its engine evaluated (prompt not from the cache, and generated)."""
+        self.served_tokens += max(0, evaluated_tokens)
+
+    def note_spot_check(self, evaluated_tokens: int) -> None:
+        """A spot check's tokens evaluated (prompt not from the cache, and the answer)."""
+        self.spot_tokens += max(0, evaluated_tokens)
 
     def record(self, peer: str, verdict: Verdict, *, window: bool = False) -> None:
         """A check's outcome: a pass counts towards probation, a failure restarts it.

@@ -6,7 +6,9 @@ under two CPU configurations of a server (threads, batch size, flash
 attention) and are scored (:meth:`~p2pinfer.engines.base.Engine.score`) by
 verifiers under two others, so every pair differs in build settings;
 *wrong* answers are the second test model's (Gemma 3 270M, re-tokenised:
-:mod:`p2pinfer.lab.wrong_tokens`) and random tokens. For greedy answers it
+:mod:`p2pinfer.lab.wrong_tokens`), SmolLM2's own with its weights cut to 3
+and to 2 bits (``truncated-3bit``, ``truncated-2bit``: the right model at a
+lower precision) and random tokens. For greedy answers it
 reports, per answer, the largest shortfall of a returned token from the
 verifier's argmax (nats): the honest maximum against the wrong answers'
 distribution. For sampled answers (temperature ``temperature``, seeded) the
@@ -65,14 +67,17 @@ async def _measure(prompts: int, max_tokens: int, seed: int, temperature: float,
     texts = ["".join(p.parts) for p in work.prompts(prompts, rng)]
     engines = {name: LlamaCppEngine(context_size=4096, cache_tokens=cache_tokens, **opts) for name, opts in CONFIGS.items()}
     liar = WrongTokenEngine(engines["t2-b128"], "other-model", seed=seed)
+    truncated = {f"truncated-{b}bit": WrongTokenEngine(engines["t2-b128"], "truncated-precision", truncated_bits=b) for b in (3, 2)}
     greedy = GenerationParams(max_tokens=max_tokens)
     sampled = GenerationParams(max_tokens=max_tokens, temperature=temperature, top_k=40, top_p=0.95)
     config = VerifyConfig()
     honest_gaps: list[float] = []
     honest_gap_by_pair: dict[str, list[float]] = {}
     honest_z: list[float] = []
-    wrong: dict[str, dict[str, list[float]]] = {"other-model": {"gap": [], "z": []}, "random": {"gap": [], "z": []}}
+    wrong: dict[str, dict[str, list[float]]] = {k: {"gap": [], "z": []} for k in ("other-model", *truncated, "random")}
     flips = 0
+    same: dict[str, int] = {}
+    """Wrong answers token for token equal to the first server's honest one (no check can tell them apart)."""
     t0 = time.perf_counter()
     try:
         for i, text in enumerate(texts):
@@ -95,23 +100,27 @@ async def _measure(prompts: int, max_tokens: int, seed: int, temperature: float,
                     honest_z.append(judge(scores, sampled, config).statistic)
             other = await liar._wrong_answer(prompt, greedy)
             rand = [rng.randrange(engines["t2-b128"].vocab_size) for _ in range(max_tokens)]
-            for kind, answer in (("other-model", other), ("random", rand)):
+            cut = {k: await e._wrong_answer(prompt, greedy) for k, e in truncated.items()}
+            for kind, answer in (("other-model", other), *cut.items(), ("random", rand)):
                 if not answer:
                     continue
+                same[kind] = same.get(kind, 0) + (answer == answers[SERVERS[0]])
                 v = engines[VERIFIERS[0]]
                 scores = await v.score(prompt + answer, len(prompt))
                 wrong[kind]["gap"].append(max(x.best_logprob - x.logprob for x in scores))
                 scores = await v.score(prompt + answer, len(prompt), temperature=temperature)
                 wrong[kind]["z"].append(judge(scores, sampled, config).statistic)
     finally:
-        if liar.other is not None:
-            await liar.other.aclose()
+        for wrapper in (liar, *truncated.values()):
+            if wrapper.other is not None:
+                await wrapper.other.aclose()
         for e in engines.values():
             await e.aclose()
     tol = config.greedy_tolerance
     return {
         "benchmark": "verify",
-        "engine": "llama-cpp (real), SmolLM2-135M-Instruct Q4_1; wrong model Gemma 3 270M Q4_K_M",
+        "engine": "llama-cpp (real), SmolLM2-135M-Instruct Q4_1; wrong model Gemma 3 270M Q4_K_M; "
+                  "SmolLM2 with its Q4_1 weights cut to 3 and 2 bits (lab/wrong_tokens.py truncated_model)",
         "workload": "MMLU five-shot prompts",
         "prompts": prompts,
         "subjects": [s.name for s in chosen] if subjects else "all",
@@ -130,6 +139,7 @@ async def _measure(prompts: int, max_tokens: int, seed: int, temperature: float,
         "wrong_max_gap_nats": {k: summary(v["gap"]) for k, v in wrong.items()},
         "wrong_greedy_caught": {k: sum(1 for g in v["gap"] if g > tol) for k, v in wrong.items()},
         "wrong_answers": {k: len(v["gap"]) for k, v in wrong.items()},
+        "wrong_answers_equal_to_honest": same,
         "sampling_z_threshold": -config.sampling_z,
         "honest_sampled_z": summary(honest_z),
         "honest_sampled_rejected": sum(1 for z in honest_z if z < -config.sampling_z),

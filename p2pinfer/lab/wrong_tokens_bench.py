@@ -6,14 +6,18 @@ cached, by node ``g % 4``; every request then enters at a node that does not
 hold its subject, so it is routed by the digests, and answers ``max_tokens``
 greedy tokens.
 
-* ``wrong-tokens`` / ``other-model``: node 3 serves with the lab's
-  :class:`~p2pinfer.lab.wrong_tokens.WrongTokenEngine` (random tokens; or the
-  second test model's answer, Gemma 3 270M, re-tokenised), requests enter at
-  the three honest nodes one at a time, the subjects in turn (so each origin
-  meets the liar's subject every ``subjects`` requests). Reported: the answers the liar gave
-  before every honest node had distrusted it
-  (``requests_to_liar_before_distrust``), how many of its tokens reached a
-  client, and whether it got any traffic afterwards.
+* ``wrong-tokens`` / ``other-model`` / ``truncated-precision``: node 3 serves
+  with the lab's :class:`~p2pinfer.lab.wrong_tokens.WrongTokenEngine` (random
+  tokens; the second test model's answer, Gemma 3 270M, re-tokenised; or the
+  claimed model's answer with its weights cut to 2 bits), requests enter at
+  the three honest nodes one at a time, the subjects in turn. Node 3 holds
+  subjects 3, 7, 11...; the first request of the liar's k-th subject enters
+  at origin ``k % 3``, so with 12 subjects or more every origin's first
+  request for a subject only the liar holds meets the liar (a rejected
+  request is finished by an honest node, which then holds that subject too).
+  Reported: the answers the liar gave before every honest node had
+  distrusted it (``requests_to_liar_before_distrust``), how many of its
+  tokens reached a client, and whether it got any traffic afterwards.
 * the cost (always run with either): two honest swarms side by side, fed the
   same requests at once with ``concurrency`` in flight each: one with the
   default verification (``verify_fraction`` 0.1 and probation), one with none.
@@ -32,8 +36,8 @@ from typing import Any
 
 from ..stats import median, rounded
 
-WRONG_SCENARIOS = ("wrong-tokens", "other-model")
-MODES = {"wrong-tokens": "random", "other-model": "other-model"}
+WRONG_SCENARIOS = ("wrong-tokens", "other-model", "truncated-precision")
+MODES = {"wrong-tokens": "random", "other-model": "other-model", "truncated-precision": "truncated-precision"}
 
 
 def _node_config(bootstrap: tuple[str, ...], verify: Any, threads: int) -> Any:
@@ -132,6 +136,23 @@ def _accusations(statuses: list[dict[str, Any]], honest_ids: set[str], records: 
     )
 
 
+def _shown(records: list[dict[str, Any]], peer: str) -> int:
+    """Tokens of ``peer``'s answers that reached a client: all of an answer not
+    rejected, and of a rejected one the verified tokens the next attempt
+    continued from (none when the request then failed)."""
+    shown = 0
+    for r in records:
+        attempts = r.get("attempts", ())
+        for k, a in enumerate(attempts):
+            if a["target"] != peer:
+                continue
+            if a.get("check") != "rejected":
+                shown += a["generated_tokens"]
+            elif k + 1 < len(attempts) and r.get("ok"):
+                shown += attempts[k + 1]["resumed_tokens"] - a["resumed_tokens"]
+    return shown
+
+
 def run_liar_scenario(scenario: str, *, subjects: int, requests: int, max_tokens: int, seed: int, threads: int) -> dict[str, Any]:
     from ..core.verify import VerifyConfig
     from .node_process import wait_until
@@ -147,7 +168,8 @@ def run_liar_scenario(scenario: str, *, subjects: int, requests: int, max_tokens
         records: list[dict[str, Any]] = []
         t0 = time.monotonic()
         for i, (g, text) in enumerate(plan):
-            entry = _entry(g, i // subjects, (0, 1, 2))  # a subject's successive requests enter at each origin in turn
+            # A subject's successive requests enter at each origin in turn, the liar's k-th subject first at origin k % 3.
+            entry = _entry(g, i // subjects + g // 4, (0, 1, 2))
             rec: dict[str, Any] = {"i": i, "group": g, "entry": entry}
             try:
                 r = honest[entry].call("generate", prompt=text, max_tokens=max_tokens, timeout_s=600)
@@ -183,7 +205,8 @@ def run_liar_scenario(scenario: str, *, subjects: int, requests: int, max_tokens
             "requests_to_liar_after_distrust": len(after),
             "liar_answers_by_check": {k: sum(1 for a in liar_attempts if a.get("check") == k) for k in
                                       ("rejected", "failed_after_streaming", "passed", "error", "")},
-            "liar_tokens_shown_to_clients": sum(a["generated_tokens"] for a in liar_attempts),
+            "liar_tokens_generated": sum(a["generated_tokens"] for a in liar_attempts),
+            "liar_tokens_shown_to_clients": _shown(records, liar),
             "served_by_liar": sum(1 for r in records if r.get("served_by") == 3),
             "false_accusations": _accusations(statuses, set(swarm.ids[:3]), records),
             "liar_forwards_served": statuses[3]["counters"]["forwards_served"],
@@ -279,13 +302,14 @@ def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed
 
 
 def run_wrong_tokens(
-    scenarios: tuple[str, ...], *, subjects: int = 8, requests: int = 40, cost_requests: int = 60, warmup: int = 40,
+    scenarios: tuple[str, ...], *, subjects: int = 12, requests: int = 40, cost_requests: int = 60, warmup: int = 40,
     max_tokens: int = 8, seed: int = 1, concurrency: int = 4, threads: int = 1, with_cost: bool = True,
     verify_fraction: float = 0.1,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "liar (wrong tokens)",
-        "engine": "llama-cpp (real), SmolLM2-135M-Instruct Q4_1; other-model liar: Gemma 3 270M Q4_K_M re-tokenised",
+        "engine": ("llama-cpp (real), SmolLM2-135M-Instruct Q4_1; other-model liar: Gemma 3 270M Q4_K_M re-tokenised; "
+                   "truncated-precision liar: SmolLM2 with its Q4_1 weights cut to 2 bits (lab/wrong_tokens.py)"),
         "workload": f"MMLU five-shot, {subjects} subjects, {max_tokens} greedy tokens per answer",
         "nodes": "4 processes; node 3 returns wrong tokens (lab/wrong_tokens.py); requests enter at nodes not holding the subject",
         "threads_per_node": threads,

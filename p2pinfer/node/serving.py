@@ -238,6 +238,8 @@ class NodeServing:
         record: GenerationRecord | None = None
         event: Event
         check: CheckPlan = self._check_plan(action.peer, params) if isinstance(action, ForwardTo) else "none"
+        spot = check == "after"
+        """A spot check (within ``VerifyConfig.budget``), not a probation check."""
         window = self.spot_checks.config.probation_hold_tokens if check == "hold" else 0
         """Held tokens checked on their own before the rest streams (0: the whole answer is held)."""
         held: list[TokenChunk] = []
@@ -283,7 +285,7 @@ class NodeServing:
                 event = AttemptDone(record.reused_tokens, generated)
                 if check != "none" and produced:
                     assert isinstance(action, ForwardTo)
-                    verdict = await self._check_answer(action.peer, run_tokens, produced, params, deadline)
+                    verdict = await self._check_answer(action.peer, run_tokens, produced, params, deadline, spot=spot)
             event, release = self._settle_check(attempt, check, verdict, event if rejected is None else None,
                                                 held, len(produced), record, generated)
             for chunk in held[:release]:
@@ -579,15 +581,18 @@ class NodeServing:
 
     async def _check_answer(
         self, peer: str, prompt: list[int], answer: list[int], params: GenerationParams, deadline: float,
-        *, final: bool = True,
+        *, final: bool = True, spot: bool = False,
     ) -> Verdict | None:
         """Score ``answer`` after ``prompt`` on this node's engine and judge it;
         ``None`` when the check could not run (the answer then passes unchecked).
         ``final=False``: a probation window, whose pass is not yet a passed
-        answer (only the check of the whole answer counts towards probation)."""
+        answer (only the check of the whole answer counts towards probation).
+        ``spot``: a spot check, whose tokens count against the checks' budget."""
         config = self.spot_checks.config
         answer = answer[: config.max_checked_tokens]
         greedy = params.temperature <= 0.0
+        if spot:
+            self.spot_checks.note_spot_check(len(prompt) - self.engine.cache.match(prompt, touch=False) + len(answer))
         t0 = time.perf_counter()
         scores = None
         try:
@@ -643,6 +648,8 @@ class NodeServing:
                     got = True
                 if not got:
                     raise DeadlineExceeded("local generation passed its deadline")
+                if isinstance(item, GenerationRecord):  # the work a spot check's budget is a share of
+                    self.spot_checks.note_served(item.prompt_tokens - item.reused_tokens + item.generated_tokens)
                 yield item
         finally:
             try:

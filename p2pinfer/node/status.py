@@ -131,6 +131,11 @@ class NodeStatus:
         return {
             "enabled": cfg.enabled and self.engine.can_score,
             "verify_fraction": cfg.fraction,
+            "verify_budget": cfg.budget,
+            "spot_checks_drawn": checks.spot_checks_drawn,
+            "spot_checks_over_budget": checks.spot_checks_over_budget,
+            "spot_check_tokens": checks.spot_tokens,
+            "served_tokens": checks.served_tokens,
             "probation_answers": cfg.probation_answers,
             "probation_hold_tokens": cfg.probation_hold_tokens,
             "probation_windows_passed": checks.windows_passed,

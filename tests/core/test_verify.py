@@ -74,7 +74,7 @@ def test_an_empty_answer_cannot_be_judged() -> None:
         judge([], GenerationParams(), VerifyConfig())
 
 
-@pytest.mark.parametrize("bad", [{"fraction": -0.1}, {"fraction": 1.5}, {"probation_answers": -1}, {"probation_hold_tokens": -1}, {"greedy_tolerance": 0}])
+@pytest.mark.parametrize("bad", [{"fraction": -0.1}, {"fraction": 1.5}, {"probation_answers": -1}, {"probation_hold_tokens": -1}, {"greedy_tolerance": 0}, {"budget": -0.1}])
 def test_bad_verify_settings_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         VerifyConfig(**bad)
@@ -106,6 +106,26 @@ def test_fraction_one_checks_everything_and_probation_zero_fraction_zero_checks_
     assert all(every.plan("p") == "after" for _ in range(50))
     never = SpotChecks(VerifyConfig(fraction=0.0, probation_answers=0))
     assert all(never.plan("p") == "none" for _ in range(50))
+
+
+def test_spot_checks_past_their_budget_are_skipped_until_serving_catches_up() -> None:
+    checks = SpotChecks(VerifyConfig(fraction=1.0, probation_answers=0, budget=0.05))
+    assert checks.plan("p") == "after"  # nothing spent yet: a check may start at the limit
+    checks.note_spot_check(500)  # a cold check of a long prompt
+    checks.note_served(9_000)  # 500 > 0.05 * 9000 = 450: over
+    assert [checks.plan("p") for _ in range(3)] == ["none"] * 3
+    assert checks.spot_checks_drawn == 4 and checks.spot_checks_over_budget == 3
+    checks.note_served(1_000)  # 500 <= 0.05 * 10000
+    assert checks.plan("p") == "after"
+
+
+def test_probation_checks_ignore_the_budget_and_a_budget_of_one_is_no_limit() -> None:
+    held = SpotChecks(VerifyConfig(fraction=1.0, probation_answers=1, budget=0.05))
+    held.note_spot_check(10_000)
+    assert held.plan("new peer") == "hold"
+    unlimited = SpotChecks(VerifyConfig(fraction=1.0, probation_answers=0, budget=1.0))
+    unlimited.note_spot_check(10_000)
+    assert unlimited.plan("p") == "after" and unlimited.spot_checks_over_budget == 0
 
 
 def test_spot_checks_forget_the_oldest_peer_past_the_limit() -> None:

@@ -25,6 +25,7 @@ def test_bench_verify_counts_every_honest_check_and_catches_random_tokens() -> N
     assert data["honest_checks"] == 3 * (2 * 2 + 2)
     assert data["false_accusations"] == data["honest_greedy_rejected"] + data["honest_sampled_rejected"]
     assert data["false_accusations"] == 0, data["honest_max_gap_by_pair"]
+    assert set(data["wrong_answers"]) == {"other-model", "truncated-3bit", "truncated-2bit", "random"}
     assert data["wrong_answers"]["random"] == 3
     assert data["wrong_greedy_caught"]["random"] == 3
     assert data["honest_max_gap_nats"]["max"] <= data["greedy_tolerance_nats"] < data["wrong_max_gap_nats"]["random"]["min"]

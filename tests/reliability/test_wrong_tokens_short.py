@@ -122,12 +122,46 @@ def test_a_probation_answer_streams_once_its_window_passes_and_a_late_liar_is_ca
             n.close()
 
 
+def test_spot_checks_keep_to_their_budget_of_the_nodes_own_work() -> None:
+    """``verify_budget``: a spot check drawn while the checks' evaluated tokens exceed the budget's
+    share of the tokens this node's engine evaluated serving is skipped, and runs again once the
+    node has served enough (every answer is drawn: fraction 1, no probation)."""
+    common = {"speed": 0.05}
+    a = NodeProcess(with_verify(fast_config(**common), fraction=1.0, probation_answers=0, budget=0.05), "budget-a")
+    nodes = [a]
+    try:
+        b = NodeProcess(fast_config(bootstrap=(a.addr,), **common), "budget-b")
+        nodes.append(b)
+        wait_until(lambda: eligible(a, [b.peer_id]), 30, interval_s=0.1, what="a sees b")
+        forwarded = [a.call("generate", tokens=tokens(20 + i, 64), max_tokens=8, prefer=b.peer_id, timeout_s=60) for i in range(3)]
+        assert [r["served_by"] for r in forwarded] == [b.peer_id] * 3
+        # The first check starts at the limit (nothing spent, nothing served); the next two are over it.
+        assert [r["attempts"][-1]["check"] for r in forwarded] == ["passed", "", ""]
+        v = a.call("status")["verification"]
+        assert (v["spot_checks_drawn"], v["spot_checks_over_budget"], v["served_tokens"]) == (3, 2, 0)
+        assert v["spot_check_tokens"] == 64 + 8  # a cold check: the whole prompt and the answer
+        served = 0
+        i = 0
+        while served * 0.05 < v["spot_check_tokens"]:  # serve here until the budget covers the check
+            r = a.call("generate", tokens=tokens(40 + i, 300), max_tokens=8, prefer="local", timeout_s=60)
+            served += r["prompt_tokens"] - r["reused_tokens"] + r["generated_tokens"]
+            i += 1
+        assert a.call("status")["verification"]["served_tokens"] == served
+        r = a.call("generate", tokens=tokens(60, 64), max_tokens=8, prefer=b.peer_id, timeout_s=60)
+        assert r["served_by"] == b.peer_id and r["attempts"][-1]["check"] == "passed", r["attempts"]
+        v = a.call("status")["verification"]
+        assert (v["spot_checks_drawn"], v["spot_checks_over_budget"]) == (4, 2)
+    finally:
+        for n in nodes:
+            n.close()
+
+
 def test_honest_llama_cpp_peers_with_other_thread_counts_pass_every_check() -> None:
     """Real SmolLM2 on both sides, the origin at 1 thread and batch 32, the peer at 2 threads and
-    batch 128 with flash attention: every answer is checked (fraction 1) and none is rejected."""
+    batch 128 with flash attention: every answer is checked (fraction 1, no budget) and none is rejected."""
     a_opts = {"threads": 1, "batch_size": 32, "context_size": 2048, "cache_tokens": 4096}
     b_opts = {"threads": 2, "batch_size": 128, "flash_attn": True, "context_size": 2048, "cache_tokens": 4096}
-    a = NodeProcess(with_verify(fast_config().replace(engine="llama-cpp", engine_options=a_opts), fraction=1.0), "honest-a",
+    a = NodeProcess(with_verify(fast_config().replace(engine="llama-cpp", engine_options=a_opts), fraction=1.0, budget=1.0), "honest-a",
                     start_timeout_s=120)
     nodes = [a]
     try:
