@@ -273,7 +273,7 @@ def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed
                 phases[phase] = {k: f.result() for k, f in futs.items()}
         statuses = {k: [n.call("status") for n in s.nodes] for k, s in swarms.items()}
         out: dict[str, Any] = {"warmup_requests": warmup, "measured_requests": requests, "concurrency": concurrency,
-                               "verify_fraction": verify_fraction}
+                               "verify_fraction": verify_fraction, "verify_budget": configs["verify_default"].budget}
         for k, s in swarms.items():
             wall, records = phases["measured"][k]
             all_records = phases["warmup"][k][1] + records
@@ -288,6 +288,10 @@ def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed
                 "tokens_checked": sum(st["verification"]["tokens_checked"] for st in statuses[k]),
                 "check_seconds": round(sum(st["verification"]["check_seconds"] for st in statuses[k]), 2),
                 "checked_in_measured_phase": sum(1 for r in records for a in r.get("attempts", ()) if a.get("check")),
+                "spot_checks_drawn": sum(st["verification"]["spot_checks_drawn"] for st in statuses[k]),
+                "spot_checks_over_budget": sum(st["verification"]["spot_checks_over_budget"] for st in statuses[k]),
+                "spot_check_tokens": sum(st["verification"]["spot_check_tokens"] for st in statuses[k]),
+                "served_tokens": sum(st["verification"]["served_tokens"] for st in statuses[k]),
                 "errors": [r["error"] for r in all_records if not r.get("ok")][:3],
             }
         on, off = out["verify_default"]["throughput_rps"], out["verify_off"]["throughput_rps"]
