@@ -278,6 +278,11 @@ def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed
             wall, records = phases["measured"][k]
             all_records = phases["warmup"][k][1] + records
             ok = [r for r in records if r.get("ok")]
+
+            def total(key: str, k: str = k) -> Any:
+                """One /status verification counter summed over the swarm's nodes."""
+                return sum(st["verification"][key] for st in statuses[k])
+
             out[k] = {
                 "measured_wall_s": round(wall, 2),
                 "throughput_rps": round(len(ok) / wall, 4) if wall > 0 else None,
@@ -285,13 +290,13 @@ def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed
                 "failed": len(records) - len(ok),
                 "false_accusations": _accusations(statuses[k], set(s.ids), all_records),
                 "checks": [st["verification"]["checks"] for st in statuses[k]],
-                "tokens_checked": sum(st["verification"]["tokens_checked"] for st in statuses[k]),
-                "check_seconds": round(sum(st["verification"]["check_seconds"] for st in statuses[k]), 2),
+                "tokens_checked": total("tokens_checked"),
+                "check_seconds": round(total("check_seconds"), 2),
                 "checked_in_measured_phase": sum(1 for r in records for a in r.get("attempts", ()) if a.get("check")),
-                "spot_checks_drawn": sum(st["verification"]["spot_checks_drawn"] for st in statuses[k]),
-                "spot_checks_over_budget": sum(st["verification"]["spot_checks_over_budget"] for st in statuses[k]),
-                "spot_check_tokens": sum(st["verification"]["spot_check_tokens"] for st in statuses[k]),
-                "served_tokens": sum(st["verification"]["served_tokens"] for st in statuses[k]),
+                "spot_checks_drawn": total("spot_checks_drawn"),
+                "spot_checks_over_budget": total("spot_checks_over_budget"),
+                "spot_check_tokens": total("spot_check_tokens"),
+                "served_tokens": total("served_tokens"),
                 "errors": [r["error"] for r in all_records if not r.get("ok")][:3],
             }
         on, off = out["verify_default"]["throughput_rps"], out["verify_off"]["throughput_rps"]
