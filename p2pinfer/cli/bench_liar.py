@@ -30,8 +30,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         subjects: int = typer.Option(12, min=4, help="wrong-tokens: MMLU subjects (each cached on one node; from 12 on "
                                      "the liar holds one for each of the three origins to meet it with)."),
         wrong_requests: int = typer.Option(40, min=4, help="wrong-tokens: requests per liar scenario."),
-        cost_requests: int = typer.Option(60, min=4, help="wrong-tokens: measured requests of the cost comparison."),
-        warmup: int = typer.Option(40, min=0, help="wrong-tokens: requests before the cost is measured (probation)."),
+        cost_requests: int = typer.Option(120, min=4, help="wrong-tokens: measured requests of the cost comparison."),
+        warmup: int = typer.Option(20, min=0, help="wrong-tokens: random requests after the probation phase, before the cost is measured."),
         max_tokens: int = typer.Option(8, min=1, max=256, help="wrong-tokens: greedy tokens per answer."),
         concurrency: int = typer.Option(4, min=1, help="wrong-tokens: requests in flight in the cost comparison."),
         threads: int = typer.Option(1, min=1, help="wrong-tokens: llama.cpp threads per node."),

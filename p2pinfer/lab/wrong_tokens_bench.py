@@ -21,9 +21,13 @@ greedy tokens.
 * the cost (always run with either): two honest swarms side by side, fed the
   same requests at once with ``concurrency`` in flight each: one with the
   default verification (``verify_fraction`` 0.1 and probation), one with none.
-  After a warm-up that takes every peer through its probation, the
-  throughput ratio is ``verification_throughput_cost``; every failed check of
-  an honest peer, in any swarm, is a false accusation.
+  First a probation phase takes every peer through every origin's probation
+  (``probation_answers`` requests per origin and peer, sent to that peer with
+  ``prefer``; its one-time cost is reported as ``probation``), then a warm-up
+  of random draws, then the measured requests: their throughput ratio is
+  ``verification_throughput_cost``, the steady-state cost of spot checks at
+  ``verify_fraction``. Every failed check of an honest peer, in any swarm, is
+  a false accusation.
 """
 
 from __future__ import annotations
@@ -123,6 +127,27 @@ def _learned(swarm: Swarm, subjects: int) -> bool:
     return True
 
 
+def _probation_plan(subjects: int, seed: int, answers: int) -> list[tuple[int, int, str]]:
+    """``(entry, peer, prompt)``: ``answers`` requests from every node to every other, each for a
+    subject the peer holds (subject ``peer``), in a choice order (variant 23) the random draws of a
+    short run do not reach, so the probation phase leaves the later phases' prompts uncached."""
+    from ..workloads.mmlu import MMLUWorkload, load_mmlu
+
+    work = MMLUWorkload(load_mmlu()[:subjects], seed=seed)
+    return [
+        (e, j, "".join(work.prompt(j, 3 * (e * answers + k), 23).parts))
+        for k in range(answers) for e in range(4) for j in range(4) if j != e
+    ]
+
+
+def _verification_totals(statuses: list[dict[str, Any]]) -> dict[str, float]:
+    """The /status verification counters that the cost figures difference, summed over a swarm."""
+    keys = ("tokens_checked", "check_seconds", "spot_checks_drawn", "spot_checks_over_budget", "spot_check_tokens", "served_tokens")
+    out = {k: sum(st["verification"][k] for st in statuses) for k in keys}
+    out["checks"] = sum(sum(st["verification"]["checks"].values()) for st in statuses)
+    return out
+
+
 def _entry(g: int, i: int, entries: tuple[int, ...]) -> int:
     choices = [e for e in entries if e != g % 4]
     return choices[i % len(choices)]
@@ -220,12 +245,17 @@ def run_liar_scenario(scenario: str, *, subjects: int, requests: int, max_tokens
 
 def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed: int, concurrency: int,
              threads: int, verify_fraction: float = 0.1) -> dict[str, Any]:
-    """Two honest swarms side by side: verification at ``verify_fraction`` (and probation) against none."""
+    """Two honest swarms side by side: verification at ``verify_fraction`` (and probation) against none.
+
+    Three phases, each fed to both swarms at once: ``probation`` (every origin's probation of
+    every peer, a one-time cost per pair of nodes), ``warmup`` (random draws), ``measured``. The
+    cost figures of the measured phase are differences of /status counters read around it."""
     from ..core.verify import VerifyConfig
     from .node_process import wait_until
 
     seeds, plan = _prompts(subjects, warmup + requests, seed)
-    configs = {"verify_default": VerifyConfig(fraction=verify_fraction), "verify_off": VerifyConfig(fraction=0.0, probation_answers=0)}
+    verify_on = VerifyConfig(fraction=verify_fraction)
+    configs = {"verify_default": verify_on, "verify_off": VerifyConfig(fraction=0.0, probation_answers=0)}
     swarms: dict[str, Swarm] = {}
     try:
         with ThreadPoolExecutor(2) as pool:
@@ -237,8 +267,9 @@ def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed
             list(pool.map(lambda s: _seed(s, seeds), swarms.values()))
         wait_until(lambda: all(_learned(s, subjects) for s in swarms.values()), 60, interval_s=0.3, what="digests heard")
 
-        def drive(swarm: Swarm, items: list[tuple[int, int, str]]) -> tuple[float, list[dict[str, Any]]]:
-            """Closed loop, ``concurrency`` in flight; returns the wall time and records."""
+        def drive(swarm: Swarm, items: list[tuple[int, int, str, int | None]]) -> tuple[float, list[dict[str, Any]]]:
+            """Closed loop, ``concurrency`` in flight; ``(i, entry, prompt, preferred node or None)``
+            per request; returns the wall time and records."""
             lock = threading.Lock()
             queue = list(items)
             records: list[dict[str, Any]] = []
@@ -248,11 +279,11 @@ def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed
                     with lock:
                         if not queue:
                             return
-                        i, g, text = queue.pop(0)
-                    entry = _entry(g, i, (0, 1, 2, 3))
+                        i, entry, text, prefer = queue.pop(0)
                     rec: dict[str, Any] = {"i": i}
+                    extra = {} if prefer is None else {"prefer": swarm.ids[prefer]}
                     try:
-                        r = swarm.nodes[entry].call("generate", prompt=text, max_tokens=max_tokens, timeout_s=600)
+                        r = swarm.nodes[entry].call("generate", prompt=text, max_tokens=max_tokens, timeout_s=600, **extra)
                         rec.update(ok=True, attempts=r["attempts"], total_s=r["total_s"])
                     except Exception as exc:
                         rec.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:300])
@@ -265,45 +296,43 @@ def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed
                     f.result()
             return time.monotonic() - t, records
 
-        indexed = [(i, g, text) for i, (g, text) in enumerate(plan)]
+        probation = [(-1 - n, e, text, j) for n, (e, j, text) in enumerate(_probation_plan(subjects, seed, verify_on.probation_answers))]
+        indexed = [(i, _entry(g, i, (0, 1, 2, 3)), text, None) for i, (g, text) in enumerate(plan)]
         phases: dict[str, dict[str, Any]] = {}
-        for phase, items in (("warmup", indexed[:warmup]), ("measured", indexed[warmup:])):
+        snapshots: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        for phase, items in (("probation", probation), ("warmup", indexed[:warmup]), ("measured", indexed[warmup:])):
+            snapshots[phase] = {k: [n.call("status") for n in s.nodes] for k, s in swarms.items()}
             with ThreadPoolExecutor(2) as pool:
                 futs = {k: pool.submit(drive, s, items) for k, s in swarms.items()}
                 phases[phase] = {k: f.result() for k, f in futs.items()}
         statuses = {k: [n.call("status") for n in s.nodes] for k, s in swarms.items()}
-        out: dict[str, Any] = {"warmup_requests": warmup, "measured_requests": requests, "concurrency": concurrency,
-                               "verify_fraction": verify_fraction, "verify_budget": configs["verify_default"].budget}
+        after = {"probation": snapshots["warmup"], "warmup": snapshots["measured"], "measured": statuses}
+        out: dict[str, Any] = {"probation_requests": len(probation), "warmup_requests": warmup, "measured_requests": requests,
+                               "concurrency": concurrency, "verify_fraction": verify_fraction, "verify_budget": verify_on.budget,
+                               "probation_answers": verify_on.probation_answers}
         for k, s in swarms.items():
-            wall, records = phases["measured"][k]
-            all_records = phases["warmup"][k][1] + records
-            ok = [r for r in records if r.get("ok")]
-
-            def total(key: str, k: str = k) -> Any:
-                """One /status verification counter summed over the swarm's nodes."""
-                return sum(st["verification"][key] for st in statuses[k])
-
-            out[k] = {
-                "measured_wall_s": round(wall, 2),
-                "throughput_rps": round(len(ok) / wall, 4) if wall > 0 else None,
-                "median_total_s": rounded(median([r["total_s"] for r in ok])) if ok else None,
-                "failed": len(records) - len(ok),
-                "false_accusations": _accusations(statuses[k], set(s.ids), all_records),
-                "checks": [st["verification"]["checks"] for st in statuses[k]],
-                "tokens_checked": total("tokens_checked"),
-                "check_seconds": round(total("check_seconds"), 2),
-                "checked_in_measured_phase": sum(1 for r in records for a in r.get("attempts", ()) if a.get("check")),
-                "spot_checks_drawn": total("spot_checks_drawn"),
-                "spot_checks_over_budget": total("spot_checks_over_budget"),
-                "spot_check_tokens": total("spot_check_tokens"),
-                "served_tokens": total("served_tokens"),
-                "errors": [r["error"] for r in all_records if not r.get("ok")][:3],
-            }
-        on, off = out["verify_default"]["throughput_rps"], out["verify_off"]["throughput_rps"]
+            all_records = [r for phase in phases.values() for r in phase[k][1]]
+            out[k] = {"false_accusations": _accusations(statuses[k], set(s.ids), all_records),
+                      "errors": [r["error"] for r in all_records if not r.get("ok")][:3]}
+            for phase, per_swarm in phases.items():
+                wall, records = per_swarm[k]
+                ok = [r for r in records if r.get("ok")]
+                begin, end = _verification_totals(snapshots[phase][k]), _verification_totals(after[phase][k])
+                out[k][phase] = {
+                    "wall_s": round(wall, 2),
+                    "throughput_rps": round(len(ok) / wall, 4) if wall > 0 else None,
+                    "median_total_s": rounded(median([r["total_s"] for r in ok])) if ok else None,
+                    "failed": len(records) - len(ok),
+                    "answers_checked": sum(1 for r in records for a in r.get("attempts", ()) if a.get("check")),
+                    **{key: round(end[key] - begin[key], 2) for key in end},
+                }
+            out[k]["peers_past_probation"] = [st["verification"]["peers_past_probation"] for st in snapshots["warmup"][k]]
+        measured = {k: out[k]["measured"]["throughput_rps"] for k in swarms}
+        on, off = measured["verify_default"], measured["verify_off"]
         out["verification_throughput_cost"] = round(1 - on / off, 4) if on and off else None
-        out["honest_checks_total"] = sum(
-            sum(c.values()) for st in statuses["verify_default"] for c in [st["verification"]["checks"]]
-        )
+        prob = {k: out[k]["probation"]["wall_s"] for k in swarms}
+        out["probation_wall_cost_s"] = round(prob["verify_default"] - prob["verify_off"], 2)
+        out["honest_checks_total"] = _verification_totals(statuses["verify_default"])["checks"]
         return out
     finally:
         for s in swarms.values():
@@ -311,7 +340,7 @@ def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed
 
 
 def run_wrong_tokens(
-    scenarios: tuple[str, ...], *, subjects: int = 12, requests: int = 40, cost_requests: int = 60, warmup: int = 40,
+    scenarios: tuple[str, ...], *, subjects: int = 12, requests: int = 40, cost_requests: int = 120, warmup: int = 20,
     max_tokens: int = 8, seed: int = 1, concurrency: int = 4, threads: int = 1, with_cost: bool = True,
     verify_fraction: float = 0.1,
 ) -> dict[str, Any]:
