@@ -308,6 +308,17 @@ class Engine(ABC):
     @abstractmethod
     def vocab_size(self) -> int: ...
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for: an origin renders a peer's answer with these
+        (the peer's own text is never shown, since answer checks judge token ids only).
+
+        Raises :class:`InvalidRequestError` for an id outside the vocabulary. The
+        default decodes the one token, which is exact only for tokenizers whose
+        tokens are whole characters; byte-level backends override it."""
+        if type(token) is not int or not 0 <= token < self.vocab_size:
+            raise InvalidRequestError(f"token id {token!r} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return self.detokenize([token]).encode()
+
     async def aclose(self) -> None:
         """Release model memory; the default has nothing to release."""
 

@@ -381,6 +381,11 @@ class LlamaCppEngine(Engine):
                 raise InvalidRequestError(f"token id {t!r} is outside the vocabulary (0..{self.vocab_size - 1})")
         return self._rt.detokenize(tokens)
 
+    def token_bytes(self, token: int) -> bytes:
+        if type(token) is not int or not 0 <= token < self.vocab_size:
+            raise InvalidRequestError(f"token id {token!r} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return self._rt.piece(token)
+
     def chat_tokens(self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         if self._formatter is None:
             raise InvalidRequestError(f"{self.model_name} has no chat template; send a plain prompt")

@@ -235,7 +235,8 @@ def run_faults(
                 outcome = "completed"
             else:
                 outcome = "corrupt"
-                corrupt.append({"attempts": attempts, "usage": rec.get("usage")})
+                corrupt.append({"attempts": attempts, "usage": rec.get("usage"), "text": rec["text"],
+                                "expected": expected_text(rec["prompt"], attempts)})
             retried += len(attempts) > 1
             resumed += any(a["resumed_tokens"] > 0 for a in attempts)
             victim_served += facts["served_by"] == victim_id

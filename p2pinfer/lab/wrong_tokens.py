@@ -9,7 +9,9 @@ random after them; ``other-model`` returns what *another* model (the second test
 model's tokenizer: a peer that runs a cheaper model than it claims;
 ``truncated-precision`` returns what the *claimed* model answers with its
 matrix weights cut to :data:`TRUNCATED_BITS` bits (:func:`truncated_model`):
-the right model at a much lower quantisation. The
+the right model at a much lower quantisation; ``wrong-text`` returns the honest
+token ids with other text beside them (:data:`WRONG_TEXT`): what a check of token
+ids alone would pass, so an origin must render a peer's text itself. The
 lab's scripted node serves with it when started with
 ``--wrong-tokens MODE``; ``p2pinfer bench liar --scenario wrong-tokens`` and
 the tests run such a node against honest ones to show the verification
@@ -31,12 +33,14 @@ from ..core.radix import RadixTree
 from ..engines.base import ChatMessage, Engine, GenerationParams, GenerationRecord, PositionScore, TokenChunk
 
 __all__ = [
-    "LATE_HONEST_TOKENS", "TRUNCATED_BITS", "WRONG_TOKEN_MODES", "WrongTokenEngine", "other_model_path", "truncated_model",
+    "LATE_HONEST_TOKENS", "TRUNCATED_BITS", "WRONG_TEXT", "WRONG_TOKEN_MODES", "WrongTokenEngine", "other_model_path", "truncated_model",
 ]
 
-WRONG_TOKEN_MODES = ("random", "other-model", "truncated-precision", "late")
+WRONG_TOKEN_MODES = ("random", "other-model", "truncated-precision", "late", "wrong-text")
 TRUNCATED_BITS = 2
 """``truncated-precision``: bits kept of each 4-bit weight (of 4)."""
+WRONG_TEXT = " [text the tokens do not say]"
+"""``wrong-text``: the text sent beside each honest token."""
 LATE_HONEST_TOKENS = 24
 """``late``: the first this many tokens of each answer are honest, the rest random
 (past a probation window of 16: the liar the window lets through once)."""
@@ -144,6 +148,9 @@ class WrongTokenEngine(Engine):
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.inner.detokenize(tokens)
 
+    def token_bytes(self, token: int) -> bytes:
+        return self.inner.token_bytes(token)
+
     def chat_tokens(self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         return self.inner.chat_tokens(messages, tools)
 
@@ -174,6 +181,9 @@ class WrongTokenEngine(Engine):
             async for item in items:
                 if isinstance(item, GenerationRecord):
                     yield item
+                    continue
+                if self.mode == "wrong-text":
+                    yield TokenChunk(item.token_ids, WRONG_TEXT, item.logprobs)
                     continue
                 for honest in item.token_ids:
                     if self.mode == "late" and n < LATE_HONEST_TOKENS:

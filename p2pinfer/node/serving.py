@@ -52,6 +52,7 @@ from ..engines.base import (
     PromptTooLongError,
     TokenChunk,
 )
+from ..engines.text_stream import TextStream
 from ..net.config import NodeConfig
 from ..net.counters import NodeCounters
 from ..net.forward import DeadlineExceeded, ForwardClient, ForwardFailed
@@ -233,7 +234,8 @@ class NodeServing:
                 origin=self.peer_id,
                 resumed_tokens=action.resume_from,
             )
-            source = self.forward_client.stream(action.peer, wire, deadline=deadline, facts=facts)
+            source = self._rendered_here(self.forward_client.stream(action.peer, wire, deadline=deadline, facts=facts),
+                                         run_params, action.peer)
         generated = 0
         record: GenerationRecord | None = None
         event: Event
@@ -313,6 +315,36 @@ class NodeServing:
             attempt.path = facts.get("path")  # type: ignore[assignment]
             attempt.stream_bytes = int(facts.get("stream_bytes", 0))  # type: ignore[call-overload]
         yield _TryEnded(event, record)
+
+    async def _rendered_here(
+        self, source: AsyncIterator[TokenChunk | Done], params: GenerationParams, peer: str
+    ) -> AsyncIterator[TokenChunk | Done]:
+        """A peer's answer with its text rendered here, from its token ids and this node's tokenizer.
+
+        Answer checks judge token ids, so the text a peer sends beside them is
+        never shown (a peer could send the right ids with other text). Stop
+        strings and UTF-8 characters split across tokens are handled as the
+        engine does (:class:`~p2pinfer.engines.text_stream.TextStream`); an id
+        outside the vocabulary ends the forward as garbage."""
+        text = TextStream(params.stop)
+        count = 0
+        async with aclosing(source) as items:
+            async for item in items:
+                if isinstance(item, TokenChunk):
+                    try:
+                        pieces = [self.engine.token_bytes(t) for t in item.token_ids]
+                    except InvalidRequestError as exc:
+                        raise ForwardFailed(f"malformed answer from {peer}: {exc}", started=True) from None
+                    count += len(item.token_ids)
+                    out = "".join(text.feed(piece) for piece in pieces)
+                    if count >= params.max_tokens:
+                        out += text.flush()
+                    yield replace(item, text=out)
+                else:
+                    tail = text.flush()
+                    if tail:
+                        yield TokenChunk((), tail)
+                    yield item
 
     def _settle_check(
         self,

@@ -194,3 +194,28 @@ def test_honest_llama_cpp_peers_with_other_thread_counts_pass_every_check() -> N
     finally:
         for n in nodes:
             n.close()
+
+
+def test_a_peers_text_is_never_shown_the_origin_renders_the_checked_token_ids_itself() -> None:
+    """A peer that returns the honest token ids with other text beside them passes every check
+    (checks judge ids): the client still gets the text of those ids, rendered by the origin."""
+    common = {"speed": 0.05}
+    a = NodeProcess(with_verify(fast_config(**common), fraction=1.0), "text-a")
+    nodes = [a]
+    try:
+        x = NodeProcess(fast_config(bootstrap=(a.addr,), **common), "text-x", wrong_tokens="wrong-text")
+        nodes.append(x)
+        wait_until(lambda: eligible(a, [x.peer_id]), 30, interval_s=0.1, what="a sees x")
+        prompt = tokens(6, 64)
+        result = a.call("generate", tokens=prompt, max_tokens=24, prefer=x.peer_id, stream=True, timeout_s=60)
+        assert result["served_by"] == x.peer_id and result["attempts"][-1]["check"] == "passed", result["attempts"]
+        right = honest_answer(prompt, 24)
+        assert result["token_ids"] == right
+        # x's own text for these ids is WRONG_TEXT; a's tokenizer renders each unknown id as <id>.
+        local = a.call("generate", tokens=prompt, max_tokens=24, prefer="local", timeout_s=60)
+        assert local["token_ids"] == right and result["text"] == local["text"]
+        assert "[text the tokens do not say]" not in result["text"] and result["text"]
+        assert x.peer_id not in a.call("status")["distrusted_peers"]
+    finally:
+        for n in nodes:
+            n.close()
