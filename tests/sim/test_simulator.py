@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
+from p2pinfer.core.costmodel import EngineCostModel
 from p2pinfer.core.router import GossipConfig
+from p2pinfer.lab.cost_vs_paper import LIVE_ENGINE
 from p2pinfer.sim import SimConfig, Simulator, without_wall_clock
 from p2pinfer.sim.runner import WorkloadSpec, build_requests
 
@@ -78,19 +80,23 @@ def test_same_seed_same_json_across_processes(policy: str) -> None:
     assert without_wall_clock(a) == without_wall_clock(b)
 
 
-def test_cost_equals_oracle_with_zero_latency_and_instant_gossip() -> None:
+@pytest.mark.parametrize("engine", [EngineCostModel(), LIVE_ENGINE], ids=["field-notes", "measured"])
+def test_cost_equals_oracle_with_zero_latency_and_instant_gossip(engine: EngineCostModel) -> None:
+    """Under both calibrations: the field notes' (the default) and the one measured live
+    (cost-vs-paper's ``LIVE_ENGINE``), which once broke this agreement (issue 23)."""
     spec = WorkloadSpec(requests=600)
     built = build_requests(spec, 4, 11)
     # The valve is off: a cost node backs off for busy_backoff_s after a busy
     # report while the oracle only avoids a node while it is over the threshold.
     base = SimConfig(
         nodes=4, latency="0", instant_gossip=True, busy_valve=False, cache_tokens=6000,
-        record_decisions=True, seed=11,
+        record_decisions=True, seed=11, cost=engine,
     )
     cost_sim, cost = run(replace(base, policy="cost", shadow_oracle=True), built)
     oracle_sim, oracle = run(replace(base, policy="oracle"), built)
     assert len(cost_sim.decisions) == len(oracle_sim.decisions) == 600
     assert cost_sim.decisions == oracle_sim.decisions  # decision for decision
+    assert cost["cost_model"] == oracle["cost_model"] == engine.as_dict()  # the calibration under test ran
     assert cost["oracle_agreement"] == 1.0
     assert cost["forwarded_share"] > 0.2  # the decisions were not all trivial
     assert without_wall_clock(cost)["ttft_ms"] == without_wall_clock(oracle)["ttft_ms"]
