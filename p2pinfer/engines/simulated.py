@@ -35,6 +35,7 @@ from .base import (
     TokenChunk,
     with_tool_instructions,
 )
+from .text_stream import TextStream
 
 __all__ = ["SIMULATED_CHECK_CHUNK", "SIMULATED_TOP_PROBABILITY", "SimulatedEngine", "simulated_next_token"]
 
@@ -164,20 +165,26 @@ class SimulatedEngine(Engine):
                 out: list[int] = []
                 # Echo pieces of the prompt: deterministic, a function of the sequence so far.
                 seq = list(tokens)
+                text = TextStream(params.stop)  # stop strings end the answer, as in llama.cpp's engine
                 for i in range(params.max_tokens):
                     if i:
                         await trio.sleep(self.cost.decode_ms_per_token / 1000)
                     token = simulated_next_token(seq)
                     seq.append(token)
                     out.append(token)
-                    yield TokenChunk((token,), self._tokenizer.decode([token]))
+                    piece = text.feed(self.token_bytes(token))
+                    if i + 1 == params.max_tokens:
+                        piece += text.flush()
+                    yield TokenChunk((token,), piece)
+                    if text.stopped:
+                        break
                 yield GenerationRecord(
                     prompt_tokens=len(tokens),
                     reused_tokens=reused,
                     generated_tokens=len(out),
                     ttft_s=ttft,
                     total_s=time.perf_counter() - t0,
-                    finish_reason="length",
+                    finish_reason="stop" if text.stopped else "length",
                     queue_s=queue_s,
                 )
         finally:

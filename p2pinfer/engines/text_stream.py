@@ -9,9 +9,9 @@ are held back.
 from __future__ import annotations
 
 import codecs
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-__all__ = ["TextStream"]
+__all__ = ["AnswerText", "TextStream"]
 
 
 class TextStream:
@@ -51,3 +51,36 @@ class TextStream:
         out = self._held + self._decoder.decode(b"", final=True)
         self._held = ""
         return out
+
+
+class AnswerText:
+    """The client's text of one answer, rendered from its token ids over every try.
+
+    An answer that moves to another node mid-way (a failover, a resume) goes
+    on from the tokens already sent; rendering the whole answer with one
+    :class:`TextStream` keeps a character split across the two tries whole
+    and finds a stop string that spans them, where each try's own text
+    would lose the first try's held-back tail. ``piece`` gives a token's
+    bytes (``Engine.token_bytes``)."""
+
+    def __init__(self, piece: Callable[[int], bytes], stop: Sequence[str], max_tokens: int) -> None:
+        self._piece = piece
+        self._text = TextStream(stop)
+        self._left = max_tokens
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string has appeared: nothing more is rendered."""
+        return self._text.stopped
+
+    def feed(self, tokens: Sequence[int]) -> str:
+        """The text that is final once ``tokens`` follow the answer so far (everything held, at the last token)."""
+        out = "".join(self._text.feed(self._piece(t)) for t in tokens)
+        self._left -= len(tokens)
+        if tokens and self._left <= 0:
+            out += self._text.flush()
+        return out
+
+    def flush(self) -> str:
+        """Whatever is still held, when the answer ends before its last token."""
+        return self._text.flush()

@@ -52,7 +52,7 @@ from ..engines.base import (
     PromptTooLongError,
     TokenChunk,
 )
-from ..engines.text_stream import TextStream
+from ..engines.text_stream import AnswerText
 from ..net.config import NodeConfig
 from ..net.counters import NodeCounters
 from ..net.forward import DeadlineExceeded, ForwardClient, ForwardFailed
@@ -73,18 +73,34 @@ class _Answer:
 
     t0: float
     """When the request entered (``time.perf_counter``)."""
+    rendering: AnswerText
+    """Renders the client's text from the token ids, here, over every try: a peer's
+    text is never shown (answer checks judge ids), and a try's held-back tail is
+    not lost when the next try resumes."""
     tokens: list[int] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
     logprobs: list[Any] = field(default_factory=list)
     ttft: float | None = None
 
-    def accept(self, chunk: TokenChunk) -> None:
-        """A chunk the client gets (streamed, or released after its check): the answer so far grows."""
+    def accept(self, chunk: TokenChunk) -> TokenChunk:
+        """A chunk the client gets (streamed, or released after its check): the answer so far grows.
+
+        Returns the chunk with its text rendered here (what the client is sent)."""
+        chunk = replace(chunk, text=self.rendering.feed(chunk.token_ids))
         self.tokens.extend(chunk.token_ids)
         self.text.append(chunk.text)
         self.logprobs.extend(chunk.logprobs)
         if self.ttft is None:
             self.ttft = time.perf_counter() - self.t0
+        return chunk
+
+    def tail(self) -> TokenChunk | None:
+        """The text still held when the answer ended before its last token (a stop, an end of generation)."""
+        rest = self.rendering.flush()
+        if not rest:
+            return None
+        self.text.append(rest)
+        return TokenChunk((), rest)
 
 
 @dataclass
@@ -168,7 +184,7 @@ class NodeServing:
         decision, hashes = await self.route_tokens(tokens)
         decision_s = time.perf_counter() - t0
         life = self.new_attempts(decision, tokens, hashes, params.max_tokens, prefer)
-        answer = _Answer(t0)
+        answer = _Answer(t0, AnswerText(self.engine.token_bytes, params.stop, params.max_tokens))
         record: GenerationRecord | None = None
         actions = deque(life.start())
         while actions:
@@ -196,6 +212,9 @@ class NodeServing:
             assert ended is not None
             record = ended.record  # used only when this try completed the request
             actions.extend(life.handle(ended.event, time.monotonic()))
+        tail = answer.tail()
+        if tail is not None:
+            yield tail
         yield self._result(life, decision, decision_s, tokens, hashes, answer, record, request_id, prefer)
 
     async def _try(
@@ -234,8 +253,8 @@ class NodeServing:
                 origin=self.peer_id,
                 resumed_tokens=action.resume_from,
             )
-            source = self._rendered_here(self.forward_client.stream(action.peer, wire, deadline=deadline, facts=facts),
-                                         run_params, action.peer)
+            source = self._in_vocabulary(self.forward_client.stream(action.peer, wire, deadline=deadline, facts=facts),
+                                         action.peer)
         generated = 0
         record: GenerationRecord | None = None
         event: Event
@@ -269,14 +288,12 @@ class NodeServing:
                             check = "after"
                             attempt.held_tokens = len(produced)
                             for chunk in held:
-                                answer.accept(chunk)
                                 generated += len(chunk.token_ids)
-                                yield chunk
+                                yield answer.accept(chunk)
                             held = []
                             continue
-                        answer.accept(item)
                         generated += len(item.token_ids)
-                        yield item
+                        yield answer.accept(item)
                     elif isinstance(item, Done):
                         record = item.record
                     else:
@@ -291,9 +308,8 @@ class NodeServing:
             event, release = self._settle_check(attempt, check, verdict, event if rejected is None else None,
                                                 held, len(produced), record, generated)
             for chunk in held[:release]:
-                answer.accept(chunk)
                 generated += len(chunk.token_ids)
-                yield chunk
+                yield answer.accept(chunk)
             if isinstance(event, AttemptDone):
                 event = AttemptDone(event.reused_tokens, generated, event.wrong)
             else:
@@ -316,35 +332,20 @@ class NodeServing:
             attempt.stream_bytes = int(facts.get("stream_bytes", 0))  # type: ignore[call-overload]
         yield _TryEnded(event, record)
 
-    async def _rendered_here(
-        self, source: AsyncIterator[TokenChunk | Done], params: GenerationParams, peer: str
-    ) -> AsyncIterator[TokenChunk | Done]:
-        """A peer's answer with its text rendered here, from its token ids and this node's tokenizer.
+    async def _in_vocabulary(self, source: AsyncIterator[TokenChunk | Done], peer: str) -> AsyncIterator[TokenChunk | Done]:
+        """A peer's answer, ended as garbage at its first token id outside this node's vocabulary.
 
-        Answer checks judge token ids, so the text a peer sends beside them is
-        never shown (a peer could send the right ids with other text). Stop
-        strings and UTF-8 characters split across tokens are handled as the
-        engine does (:class:`~p2pinfer.engines.text_stream.TextStream`); an id
-        outside the vocabulary ends the forward as garbage."""
-        text = TextStream(params.stop)
-        count = 0
+        The client's text is rendered from the ids (:class:`_Answer`), so every
+        id must have bytes here; the peer's own text is ignored."""
+        vocab = self.engine.vocab_size
         async with aclosing(source) as items:
             async for item in items:
                 if isinstance(item, TokenChunk):
-                    try:
-                        pieces = [self.engine.token_bytes(t) for t in item.token_ids]
-                    except InvalidRequestError as exc:
-                        raise ForwardFailed(f"malformed answer from {peer}: {exc}", started=True) from None
-                    count += len(item.token_ids)
-                    out = "".join(text.feed(piece) for piece in pieces)
-                    if count >= params.max_tokens:
-                        out += text.flush()
-                    yield replace(item, text=out)
-                else:
-                    tail = text.flush()
-                    if tail:
-                        yield TokenChunk((), tail)
-                    yield item
+                    bad = next((t for t in item.token_ids if type(t) is not int or not 0 <= t < vocab), None)
+                    if bad is not None:
+                        raise ForwardFailed(f"malformed answer from {peer}: token id {bad!r} is outside the vocabulary "
+                                            f"(0..{vocab - 1})", started=True)
+                yield item
 
     def _settle_check(
         self,

@@ -60,3 +60,31 @@ async def test_a_queued_prompt_keeps_its_cached_prefix_while_the_prompts_ahead_f
         nursery.start_soon(run, a + [5002])
     assert records[-1] == (1, 64)  # the queued request reused all of A
     assert engine.cache.match(d, touch=False) < len(d)  # D went instead
+
+
+async def test_a_stop_string_ends_the_answer_as_in_the_llama_cpp_engine(autojump_clock: trio.testing.MockClock) -> None:
+    """``stop`` is honoured, not ignored: the text is cut before it and the answer ends there."""
+    engine = SimulatedEngine(cost=EngineCostModel(prefill_ms_per_token=0.1, decode_ms_per_token=0.1))
+    prompt = engine.tokenize("the quick brown fox jumps over the lazy dog " * 4)
+
+    async def answer(params: GenerationParams) -> tuple[list[int], str, GenerationRecord]:
+        ids: list[int] = []
+        text: list[str] = []
+        record = None
+        async for item in engine.generate(prompt, params):
+            if isinstance(item, GenerationRecord):
+                record = item
+            else:
+                ids.extend(item.token_ids)
+                text.append(item.text)
+        assert record is not None
+        return ids, "".join(text), record
+
+    ids, full, record = await answer(GenerationParams(max_tokens=24))
+    assert record.finish_reason == "length" and len(ids) == 24
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    assert stop.strip()
+    cut_ids, cut, record = await answer(GenerationParams(max_tokens=24, stop=(stop,)))
+    assert cut == full[: full.find(stop)]
+    assert record.finish_reason == "stop" and len(cut_ids) < 24 and cut_ids == ids[: len(cut_ids)]
+    assert record.generated_tokens == len(cut_ids)
