@@ -614,6 +614,8 @@ def metrics_snapshot(node: Node) -> dict[str, Any]:
         "answers_checked": dict(c.answers_checked),
         "tokens_checked": c.tokens_checked,
         "check_seconds": c.check_seconds,
+        "checks_delegated": dict(c.checks_delegated),
+        "checks_served": c.checks_served,
         "peers_distrusted": c.peers_distrusted,
         "reply_saves": node.engine.reply_saves,
     }

@@ -56,6 +56,16 @@ class _SnapshotCollector(Collector):
         for result in ("passed", "rejected", "failed_after_streaming", "error"):
             checks.add_metric([result], snap.get("answers_checked", {}).get(result, 0))
         yield checks
+        delegated = CounterMetricFamily(
+            "p2pinfer_answer_checks_delegated",
+            "Spot checks scored by a peer holding the prompt's prefix (/p2pinfer/check/1.0.0), by outcome", labels=["outcome"],
+        )
+        for outcome in ("passed", "failed", "verifier_wrong", "fallback"):
+            delegated.add_metric([outcome], snap.get("checks_delegated", {}).get(outcome, 0))
+        yield delegated
+        yield CounterMetricFamily(
+            "p2pinfer_answer_checks_served", "Check requests of peers this node scored", value=snap.get("checks_served", 0)
+        )
         yield CounterMetricFamily(
             "p2pinfer_answer_check_tokens", "Tokens prefilled to check forwarded answers", value=snap.get("tokens_checked", 0)
         )

@@ -37,6 +37,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         threads: int = typer.Option(1, min=1, help="wrong-tokens: llama.cpp threads per node."),
         no_cost: bool = typer.Option(False, "--no-cost", help="wrong-tokens: skip the throughput cost comparison."),
         verify_fraction: float = typer.Option(0.1, min=0.0, max=1.0, help="wrong-tokens: verify_fraction of the checked swarm in the cost comparison."),
+        verify_delegate: bool = typer.Option(True, "--verify-delegate/--no-verify-delegate",
+                                             help="wrong-tokens: whether the checked swarm's spot checks may go to a third peer holding the prefix."),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """A lying node among honest ones: a cache liar (mispredictions before it is cut off, TTFT after),
@@ -56,7 +58,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             result = run_wrong_tokens(
                 wrong, subjects=subjects, requests=wrong_requests, cost_requests=cost_requests, warmup=warmup,
                 max_tokens=max_tokens, seed=seed, concurrency=concurrency, threads=threads, with_cost=not no_cost,
-                verify_fraction=verify_fraction,
+                verify_fraction=verify_fraction, verify_delegate=verify_delegate,
             )
         if cache:
             cache_result = run_liar(

@@ -57,7 +57,8 @@ def node_config_from_settings(settings: NodeSettings) -> Any:
     if key_file:
         Path(key_file).parent.mkdir(parents=True, exist_ok=True)
     try:
-        verify = VerifyConfig(fraction=settings.verify_fraction, budget=settings.verify_budget)
+        verify = VerifyConfig(fraction=settings.verify_fraction, budget=settings.verify_budget,
+                              delegate=settings.verify_delegate)
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     try:
@@ -250,6 +251,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         verify_budget: Optional[float] = typer.Option(
             None, help="Largest share of the engine's work spent on spot checks (default 0.05; 1: no limit); "
             "a spot check drawn over it is skipped. A new peer's probation checks are not limited.",
+        ),
+        verify_delegate: Optional[bool] = typer.Option(
+            None, "--verify-delegate/--no-verify-delegate",
+            help="Let a peer that holds more of the prompt's prefix score a spot check (default on); "
+            "this node judges its scores and confirms a failure itself.",
         ),
         key_file: Optional[str] = typer.Option(None, help="Identity key file (created if missing)."),
         swarm_secret: Optional[str] = typer.Option(None, "--swarm-secret", help="Swarm secret (keys the digests)."),

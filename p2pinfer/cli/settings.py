@@ -94,6 +94,10 @@ class NodeSettings:
     """Largest share of this node's engine work that spot checks take (tokens
     evaluated for checks against tokens evaluated serving); a spot check drawn
     over it is skipped. 1: no limit. Probation checks are not limited."""
+    verify_delegate: bool = True
+    """Whether a spot check may be scored by a peer that holds more of the
+    prompt's prefix than this node (``/p2pinfer/check/1.0.0``); this node
+    judges the scores and confirms a failed verdict itself."""
     key_file: str | None = "~/.p2pinfer/node.key"
     """Persistent libp2p identity; empty for a new identity at every start."""
     swarm_secret: str | None = None

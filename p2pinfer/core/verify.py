@@ -41,12 +41,23 @@ taken from the cache, plus generated ones), so that checking never takes
 more than about that share of the node's work, whatever the checks cost
 (a cold check of a long prompt costs many answers' worth). Probation checks
 are outside the budget: they are the defence against a new peer.
+
+**Who checks** (:func:`pick_verifier`): a spot check is prefill of prompt +
+answer, cheap where the prompt's prefix is cached. When a peer other than
+the one that answered holds more of the prompt's prefix than this node
+(by its digest), has passed this node's own checks, and is not busy or
+distrusted, the origin asks it for the scores (``/p2pinfer/check/1.0.0``)
+and judges them itself; a failed verdict is confirmed on the origin's own
+engine before anyone is distrusted, so a lying verifier cannot frame an
+honest peer (it is distrusted instead). Probation checks always run on the
+origin: a verifier that colludes with the peer it checks could pass its
+lies, so the defence against a new peer does not rest on a third one.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence, Set as AbstractSet
 from dataclasses import dataclass
 import math
 import random
@@ -59,6 +70,7 @@ __all__ = [
     "VerifyConfig",
     "checkable",
     "judge",
+    "pick_verifier",
 ]
 
 
@@ -119,6 +131,10 @@ class VerifyConfig:
     """Only the first this many tokens of an answer are checked (the cost of a check is capped)."""
     remembered_peers: int = 4096
     """Peers whose probation this node remembers (the oldest is forgotten first)."""
+    delegate: bool = True
+    """Whether a spot check may run on a third peer that holds more of the
+    prompt's prefix than this node (:func:`pick_verifier`; setting
+    ``verify_delegate``). Probation checks always run here."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fraction <= 1.0:
@@ -285,3 +301,51 @@ class SpotChecks:
 
     def passed(self, peer: str) -> int:
         return self._passed.get(peer, 0)
+
+    def restart_probation(self, peer: str) -> None:
+        """``peer`` misbehaved other than in an answer (a verifier's wrong scores): on probation again."""
+        self._passed.pop(peer, None)
+        self._passed[peer] = 0
+
+
+class VerifierCandidate(Protocol):
+    """What :func:`pick_verifier` reads of a peer (:class:`~p2pinfer.core.peers.PeerState`)."""
+
+    @property
+    def peer_id(self) -> str: ...
+    @property
+    def load(self) -> "WaitReport": ...
+
+
+class WaitReport(Protocol):
+    def wait_ms(self) -> float: ...
+
+
+def pick_verifier(
+    matches: Mapping[str, int],
+    own_blocks: int,
+    candidates: Callable[[str], VerifierCandidate | None],
+    exclude: AbstractSet[str],
+) -> str | None:
+    """The peer to score a spot check, or ``None`` to check here.
+
+    ``matches``: peers holding a prefix of the prompt -> blocks held (the
+    peer view's :meth:`~p2pinfer.core.peers.PeerView.longest_matches`);
+    ``own_blocks``: blocks of it this node's cache holds; ``candidates``: the
+    peer's state when it may verify (same model, not busy, not distrusted,
+    past its probation here), else ``None``; ``exclude``: the peer whose
+    answer is checked. Only a peer holding more blocks than this node is
+    worth asking (a check elsewhere costs the swarm as much as here, plus a
+    round trip); among those, the longest match, then the shortest wait.
+    """
+    best: tuple[int, float, str] | None = None
+    for peer, blocks in matches.items():
+        if blocks <= own_blocks or peer in exclude:
+            continue
+        state = candidates(peer)
+        if state is None:
+            continue
+        key = (-blocks, state.load.wait_ms(), peer)
+        if best is None or key < best:
+            best = key
+    return None if best is None else best[2]

@@ -144,11 +144,43 @@ def _gossip_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseExce
     return seeds, decode, GossipRejected
 
 
+def _check_request_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseException]]:
+    from ..net.wire import WireError, decode_check_request, encode_check_request
+
+    fp = "abcdef0123456789"
+
+    def decode(data: bytes) -> Any:
+        return decode_check_request(data, fingerprint=fp, vocab_size=49152)
+
+    seeds = [encode_check_request(fp, list(range(300)), [5, 6, 7, 8], 1.0), encode_check_request(fp, [1], [2], 0.7)]
+    return seeds, decode, WireError
+
+
+def _check_response_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseException]]:
+    from ..net.wire import PeerScore, RemoteError, WireError, decode_check_response, encode_check_error, encode_check_response
+
+    answer = [5, 6, 7]
+
+    def decode(data: bytes) -> Any:
+        try:
+            return decode_check_response(data, answer)
+        except RemoteError as exc:  # a refusal is a valid answer: what the caller gets for it
+            return exc
+
+    seeds = [
+        encode_check_response([PeerScore(t, -0.5, -0.1, -1.2, 0.4) for t in answer], 12),
+        encode_check_error("BUSY", "2 checks of peers running"),
+    ]
+    return seeds, decode, WireError
+
+
 TARGETS: dict[str, Callable[[], tuple[list[bytes], Callable[[bytes], Any], type[BaseException]]]] = {
     "digest": _digest_target,
     "request": _request_target,
     "response": _response_target,
     "gossip": _gossip_target,
+    "check-request": _check_request_target,
+    "check-response": _check_response_target,
 }
 
 

@@ -11,7 +11,11 @@ model's tokenizer: a peer that runs a cheaper model than it claims;
 matrix weights cut to :data:`TRUNCATED_BITS` bits (:func:`truncated_model`):
 the right model at a much lower quantisation; ``wrong-text`` returns the honest
 token ids with other text beside them (:data:`WRONG_TEXT`): what a check of token
-ids alone would pass, so an origin must render a peer's text itself. The
+ids alone would pass, so an origin must render a peer's text itself. Two
+modes lie as a *verifier* (``/p2pinfer/check/1.0.0``) and answer honestly:
+``wrong-scores`` scores every token far below the most likely one (a
+verifier that tries to frame the peer it checks), ``pass-scores`` scores
+every token as the most likely one (a verifier that covers for a liar). The
 lab's scripted node serves with it when started with
 ``--wrong-tokens MODE``; ``p2pinfer bench liar --scenario wrong-tokens`` and
 the tests run such a node against honest ones to show the verification
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
+from dataclasses import replace
 import os
 from pathlib import Path
 import random
@@ -33,10 +38,12 @@ from ..core.radix import RadixTree
 from ..engines.base import ChatMessage, Engine, GenerationParams, GenerationRecord, PositionScore, TokenChunk
 
 __all__ = [
-    "LATE_HONEST_TOKENS", "TRUNCATED_BITS", "WRONG_TEXT", "WRONG_TOKEN_MODES", "WrongTokenEngine", "other_model_path", "truncated_model",
+    "LATE_HONEST_TOKENS", "TRUNCATED_BITS", "VERIFIER_LIES", "WRONG_TEXT", "WRONG_TOKEN_MODES", "WrongTokenEngine", "other_model_path", "truncated_model",
 ]
 
-WRONG_TOKEN_MODES = ("random", "other-model", "truncated-precision", "late", "wrong-text")
+WRONG_TOKEN_MODES = ("random", "other-model", "truncated-precision", "late", "wrong-text", "wrong-scores", "pass-scores")
+VERIFIER_LIES = ("wrong-scores", "pass-scores")
+"""Modes whose answers are honest and whose scores (a check for a peer) are not."""
 TRUNCATED_BITS = 2
 """``truncated-precision``: bits kept of each 4-bit weight (of 4)."""
 WRONG_TEXT = " [text the tokens do not say]"
@@ -162,7 +169,12 @@ class WrongTokenEngine(Engine):
         return self.inner.can_score
 
     async def score(self, tokens: Sequence[int], start: int, *, temperature: float = 1.0) -> list[PositionScore]:
-        return await self.inner.score(tokens, start, temperature=temperature)
+        scores = await self.inner.score(tokens, start, temperature=temperature)
+        if self.mode == "wrong-scores":
+            return [replace(s, logprob=s.best_logprob - 10.0) for s in scores]
+        if self.mode == "pass-scores":
+            return [replace(s, logprob=s.best_logprob, mean_logprob=s.best_logprob, var_logprob=1.0) for s in scores]
+        return scores
 
     def describe(self) -> dict[str, Any]:
         return {**self.inner.describe(), "wrong_tokens": self.mode}
@@ -175,6 +187,11 @@ class WrongTokenEngine(Engine):
     async def generate(self, tokens: Sequence[int], params: GenerationParams) -> AsyncIterator[TokenChunk | GenerationRecord]:
         """The inner engine runs (its cost, cache and reuse are real); its tokens are replaced."""
         self.answers += 1
+        if self.mode in VERIFIER_LIES:
+            async with aclosing(self.inner.generate(tokens, params)) as honest:
+                async for item in honest:
+                    yield item
+            return
         n = 0
         wrong = await self._wrong_answer(tokens, params) if self.other is not None else None
         async with aclosing(self.inner.generate(tokens, params)) as items:

@@ -145,6 +145,9 @@ def _verification_totals(statuses: list[dict[str, Any]]) -> dict[str, float]:
     keys = ("tokens_checked", "check_seconds", "spot_checks_drawn", "spot_checks_over_budget", "spot_check_tokens", "served_tokens")
     out = {k: sum(st["verification"][k] for st in statuses) for k in keys}
     out["checks"] = sum(sum(st["verification"]["checks"].values()) for st in statuses)
+    # Spot checks sent to a third peer holding the prefix, any outcome (fallbacks included).
+    out["checks_delegated"] = sum(sum(st["verification"].get("checks_delegated", {}).values()) for st in statuses)
+    out["check_tokens_served_for_peers"] = sum(st["verification"].get("check_tokens_served_for_peers", 0) for st in statuses)
     return out
 
 
@@ -244,8 +247,9 @@ def run_liar_scenario(scenario: str, *, subjects: int, requests: int, max_tokens
 
 
 def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed: int, concurrency: int,
-             threads: int, verify_fraction: float = 0.1) -> dict[str, Any]:
+             threads: int, verify_fraction: float = 0.1, verify_delegate: bool = True) -> dict[str, Any]:
     """Two honest swarms side by side: verification at ``verify_fraction`` (and probation) against none.
+    ``verify_delegate``: whether the checked swarm's spot checks may go to a third peer holding the prefix.
 
     Three phases, each fed to both swarms at once: ``probation`` (every origin's probation of
     every peer, a one-time cost per pair of nodes), ``warmup`` (random draws), ``measured``. The
@@ -254,7 +258,7 @@ def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed
     from .node_process import wait_until
 
     seeds, plan = _prompts(subjects, warmup + requests, seed)
-    verify_on = VerifyConfig(fraction=verify_fraction)
+    verify_on = VerifyConfig(fraction=verify_fraction, delegate=verify_delegate)
     configs = {"verify_default": verify_on, "verify_off": VerifyConfig(fraction=0.0, probation_answers=0)}
     swarms: dict[str, Swarm] = {}
     try:
@@ -309,6 +313,7 @@ def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed
         after = {"probation": snapshots["warmup"], "warmup": snapshots["measured"], "measured": statuses}
         out: dict[str, Any] = {"probation_requests": len(probation), "warmup_requests": warmup, "measured_requests": requests,
                                "concurrency": concurrency, "verify_fraction": verify_fraction, "verify_budget": verify_on.budget,
+                               "verify_delegate": verify_delegate,
                                "probation_answers": verify_on.probation_answers}
         for k, s in swarms.items():
             all_records = [r for phase in phases.values() for r in phase[k][1]]
@@ -342,7 +347,7 @@ def run_cost(*, subjects: int, requests: int, warmup: int, max_tokens: int, seed
 def run_wrong_tokens(
     scenarios: tuple[str, ...], *, subjects: int = 12, requests: int = 40, cost_requests: int = 120, warmup: int = 20,
     max_tokens: int = 8, seed: int = 1, concurrency: int = 4, threads: int = 1, with_cost: bool = True,
-    verify_fraction: float = 0.1,
+    verify_fraction: float = 0.1, verify_delegate: bool = True,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "liar (wrong tokens)",
@@ -359,7 +364,8 @@ def run_wrong_tokens(
                                                     seed=seed, threads=threads)
     if with_cost:
         result["cost"] = run_cost(subjects=subjects, requests=cost_requests, warmup=warmup, max_tokens=max_tokens,
-                                  seed=seed + 1, concurrency=concurrency, threads=threads, verify_fraction=verify_fraction)
+                                  seed=seed + 1, concurrency=concurrency, threads=threads, verify_fraction=verify_fraction,
+                                  verify_delegate=verify_delegate)
         result["verification_throughput_cost"] = result["cost"]["verification_throughput_cost"]
     for sc, r in result["scenarios"].items():
         result.setdefault("requests_to_liar_before_distrust", {})[sc] = r["requests_to_liar_before_distrust"]

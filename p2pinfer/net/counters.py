@@ -52,6 +52,19 @@ class NodeCounters:
     """Prompt and answer tokens this node's engine prefilled to check answers."""
     check_seconds: float = 0.0
     """Time its engine spent on those checks (queue included)."""
+    checks_delegated: Counter[str] = field(default_factory=Counter)
+    """Spot checks this node asked a third peer holding the prompt's prefix to
+    score (``/p2pinfer/check/1.0.0``), by outcome: ``passed``, ``failed``
+    (the verdict failed and this node's own check confirmed it),
+    ``verifier_wrong`` (this node's own check passed what the verifier's
+    scores failed, or its answer was malformed: the verifier is distrusted),
+    ``fallback`` (refused, unreachable or too slow: checked here instead)."""
+    checks_served: int = 0
+    """Check requests of peers this node scored."""
+    check_tokens_served: int = 0
+    """Tokens its engine evaluated for them (prompt not restored from its cache, and the answers)."""
+    checks_refused: Counter[str] = field(default_factory=Counter)
+    """Check requests it refused, by error code."""
     gossip_published: int = 0
     gossip_published_bytes: int = 0
     gossip_received: int = 0

@@ -715,3 +715,120 @@ def decode_dialback_proof(data: bytes) -> bytes:
     if msg.version != WIRE_VERSION or len(msg.nonce) != DIALBACK_NONCE_BYTES:
         raise WireError("BAD_REQUEST", "bad dial-back proof")
     return bytes(msg.nonce)
+
+
+# -- /p2pinfer/check/1.0.0 --------------------------------------------------------------------
+
+CHECK_VERSION = 1
+CHECK_MAX_PROMPT_TOKENS = 32768
+"""The longest prompt a check carries (longer than any context this node family runs)."""
+CHECK_MAX_ANSWER_TOKENS = 512
+"""The most answer tokens one check scores (``VerifyConfig.max_checked_tokens`` is at most this)."""
+CHECK_REQUEST_MAX_BYTES = 5 * (CHECK_MAX_PROMPT_TOKENS + CHECK_MAX_ANSWER_TOKENS) + 1024
+"""Token ids are varints of at most 5 bytes."""
+CHECK_RESPONSE_MAX_BYTES = 32 * CHECK_MAX_ANSWER_TOKENS + 2048
+_LOGPROB_SLACK = 1e-3
+"""Float32 rounding: a log-probability may read a hair above 0 or above the best one."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckQuery:
+    """What a verifier is asked to score (a decoded CheckRequest)."""
+
+    prompt: list[int]
+    answer: list[int]
+    temperature: float
+
+
+@dataclass(frozen=True, slots=True)
+class PeerScore:
+    """One answer token's score as a verifier sent it (satisfies :class:`~p2pinfer.core.verify.Scored`)."""
+
+    token_id: int
+    logprob: float
+    best_logprob: float
+    mean_logprob: float
+    var_logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class CheckScores:
+    """A verifier's answer: its scores and the tokens it evaluated for them."""
+
+    scores: tuple[PeerScore, ...]
+    evaluated_tokens: int
+
+
+def encode_check_request(fingerprint: str, prompt: Sequence[int], answer: Sequence[int], temperature: float) -> bytes:
+    return pb.CheckRequest(
+        version=CHECK_VERSION, model_fingerprint=fingerprint, prompt_ids=list(prompt), answer_ids=list(answer),
+        temperature=temperature,
+    ).SerializeToString()
+
+
+def decode_check_request(data: bytes, *, fingerprint: str, vocab_size: int) -> CheckQuery:
+    """Raises :class:`WireError` (BAD_REQUEST, TOO_LARGE, MODEL_MISMATCH) for a request not to serve."""
+    msg = pb.CheckRequest()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise WireError("BAD_REQUEST", f"not a CheckRequest: {exc}") from None
+    if msg.version != CHECK_VERSION:
+        raise WireError("BAD_REQUEST", f"check version {msg.version}; this node speaks {CHECK_VERSION}")
+    if msg.model_fingerprint != fingerprint:
+        raise WireError("MODEL_MISMATCH", mismatch_message(fingerprint, msg.model_fingerprint))
+    if not msg.prompt_ids or not msg.answer_ids:
+        raise WireError("BAD_REQUEST", "a check needs a prompt and at least one answer token")
+    if len(msg.prompt_ids) > CHECK_MAX_PROMPT_TOKENS or len(msg.answer_ids) > CHECK_MAX_ANSWER_TOKENS:
+        raise WireError("TOO_LARGE", f"a check carries at most {CHECK_MAX_PROMPT_TOKENS} prompt and "
+                        f"{CHECK_MAX_ANSWER_TOKENS} answer tokens (got {len(msg.prompt_ids)} and {len(msg.answer_ids)})")
+    bad = next((t for t in (*msg.prompt_ids, *msg.answer_ids) if t >= vocab_size), None)
+    if bad is not None:
+        raise WireError("BAD_REQUEST", f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})")
+    if not math.isfinite(msg.temperature) or not 0.0 < msg.temperature <= 100.0:
+        raise WireError("BAD_REQUEST", f"temperature must be in (0, 100] (got {msg.temperature})")
+    return CheckQuery(list(msg.prompt_ids), list(msg.answer_ids), float(msg.temperature))
+
+
+def encode_check_response(scores: Sequence[PeerScore] | Sequence[object], evaluated_tokens: int) -> bytes:
+    """``scores``: :class:`PeerScore` or the engine's :class:`~p2pinfer.engines.base.PositionScore` (same fields)."""
+    return pb.CheckResponse(
+        version=CHECK_VERSION,
+        scores=[pb.CheckScore(token_id=s.token_id, logprob=s.logprob, best_logprob=s.best_logprob,  # type: ignore[attr-defined]
+                              mean_logprob=s.mean_logprob, var_logprob=s.var_logprob) for s in scores],  # type: ignore[attr-defined]
+        evaluated_tokens=max(0, evaluated_tokens),
+    ).SerializeToString()
+
+
+def encode_check_error(code: str, message: str) -> bytes:
+    return pb.CheckResponse(
+        version=CHECK_VERSION, error=pb.Error(code=pb.ErrorCode.Value(code), message=message[:1024])
+    ).SerializeToString()
+
+
+def decode_check_response(data: bytes, answer: Sequence[int], *, peer: str = "") -> CheckScores:
+    """The verifier's scores of ``answer``. Raises :class:`RemoteError` for a
+    refusal and :class:`WireError` for an answer that cannot be a real model's
+    scores of ``answer`` (other tokens, another count, impossible values)."""
+    msg = pb.CheckResponse()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise WireError("BAD_REQUEST", f"not a CheckResponse: {exc}") from None
+    if msg.version != CHECK_VERSION:
+        raise WireError("BAD_REQUEST", f"check response version {msg.version}; this node speaks {CHECK_VERSION}")
+    if msg.HasField("error"):
+        raise RemoteError(ERROR_CODES.get(msg.error.code, "INTERNAL"), msg.error.message[:1024], peer)
+    if len(msg.scores) != len(answer):
+        raise WireError("BAD_REQUEST", f"{len(msg.scores)} scores for an answer of {len(answer)} tokens")
+    out = []
+    for i, (s, token) in enumerate(zip(msg.scores, answer)):
+        values = (s.logprob, s.best_logprob, s.mean_logprob, s.var_logprob)
+        if s.token_id != token:
+            raise WireError("BAD_REQUEST", f"score {i} is of token {s.token_id}, the answer has {token} there")
+        if (not all(math.isfinite(v) for v in values) or s.logprob > _LOGPROB_SLACK
+                or s.best_logprob > _LOGPROB_SLACK or s.logprob > s.best_logprob + _LOGPROB_SLACK
+                or s.mean_logprob > _LOGPROB_SLACK or s.var_logprob < 0.0):
+            raise WireError("BAD_REQUEST", f"score {i} is not a distribution's: {values}")
+        out.append(PeerScore(s.token_id, s.logprob, s.best_logprob, s.mean_logprob, s.var_logprob))
+    return CheckScores(tuple(out), msg.evaluated_tokens)

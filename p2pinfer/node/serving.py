@@ -41,7 +41,8 @@ from ..core.attempts import Attempt
 from ..core.policies import Decision
 from ..core.router import Router
 from ..core.swarm_models import SwarmModels
-from ..core.verify import CheckPlan, SpotChecks, Verdict, checkable, judge
+from ..core.peers import PeerState
+from ..core.verify import CheckPlan, SpotChecks, Verdict, checkable, judge, pick_verifier
 from ..engines.base import (
     Engine,
     EngineError,
@@ -54,11 +55,12 @@ from ..engines.base import (
 )
 from ..engines.text_stream import AnswerText
 from ..net.config import NodeConfig
+from ..net.check import CheckService, CheckUnavailable
 from ..net.counters import NodeCounters
 from ..net.forward import DeadlineExceeded, ForwardClient, ForwardFailed
 from ..net.other_models import OtherModels
 from ..net.sanctions import PeerSanctions
-from ..net.wire import ChatLine, Done, RemoteError, Request, encode_request, fingerprint_in_message
+from ..net.wire import ChatLine, Done, RemoteError, Request, WireError, encode_request, fingerprint_in_message
 from .decisions import DecisionLog, PrefixGroups, prompt_label
 from .results import GenerateResult, ModelUnavailable, NodeError, Prompt, RequestFailed, ToolPrompt
 
@@ -122,6 +124,7 @@ class NodeServing:
     other_models: OtherModels
     sanctions: PeerSanctions
     spot_checks: SpotChecks
+    checker: CheckService
     swarm_models: SwarmModels
     peer_id: str
     decisions: DecisionLog
@@ -616,13 +619,93 @@ class NodeServing:
         self, peer: str, prompt: list[int], answer: list[int], params: GenerationParams, deadline: float,
         *, final: bool = True, spot: bool = False,
     ) -> Verdict | None:
-        """Score ``answer`` after ``prompt`` on this node's engine and judge it;
-        ``None`` when the check could not run (the answer then passes unchecked).
-        ``final=False``: a probation window, whose pass is not yet a passed
-        answer (only the check of the whole answer counts towards probation).
-        ``spot``: a spot check, whose tokens count against the checks' budget."""
+        """Check ``answer`` after ``prompt``: a spot check on a third peer holding
+        more of the prompt's prefix when there is one (:meth:`_check_elsewhere`),
+        else on this node's engine. ``None`` when the check could not run (the
+        answer then passes unchecked). ``final=False``: a probation window, whose
+        pass is not yet a passed answer (only the check of the whole answer counts
+        towards probation). ``spot``: a spot check, whose tokens count against the
+        checks' budget."""
+        answer = answer[: self.spot_checks.config.max_checked_tokens]
+        if spot and self.spot_checks.config.delegate:
+            verifier = self._verifier_for(peer, prompt)
+            if verifier is not None:
+                verdict = await self._check_elsewhere(verifier, peer, prompt, answer, params, deadline)
+                if verdict is not None:
+                    return verdict
+        return await self._check_here(peer, prompt, answer, params, deadline, final=final, spot=spot)
+
+    def _verifier_for(self, peer: str, prompt: list[int]) -> str | None:
+        """The peer to ask for a spot check's scores (:func:`~p2pinfer.core.verify.pick_verifier`)."""
+        view = self.router.view
+        block = self.router.hasher.block_size
+        now = time.monotonic()
+
+        def candidate(other: str) -> PeerState | None:
+            state = view.get(other)
+            if (state is None or not view.eligible(state, now) or self.sanctions.is_distrusted(other)
+                    or self.spot_checks.on_probation(other)):
+                return None
+            return state
+
+        matches = view.longest_matches(self.router.hasher.hashes(prompt))
+        own = self.engine.cache.match(prompt, touch=False) // block
+        return pick_verifier(matches, own, candidate, {peer, self.peer_id})
+
+    async def _check_elsewhere(
+        self, verifier: str, peer: str, prompt: list[int], answer: list[int], params: GenerationParams, deadline: float,
+    ) -> Verdict | None:
+        """A spot check scored by ``verifier`` and judged here; ``None`` when it
+        could not be asked (the caller checks here instead). A failed verdict is
+        confirmed on this node's engine before ``peer`` is sanctioned: if this
+        node's check passes, the verifier's scores were wrong and the verifier is
+        distrusted instead (so a lying verifier cannot frame an honest peer)."""
+        greedy = params.temperature <= 0.0
+        t0 = time.perf_counter()
+        # Half the time left: a verifier that hangs must leave time to check here.
+        ask_by = trio.current_time() + max(0.0, deadline - trio.current_time()) / 2
+        try:
+            got = await self.checker.ask(verifier, prompt, answer, 1.0 if greedy else params.temperature, deadline=ask_by)
+        except (CheckUnavailable, RemoteError) as exc:
+            self.counters.checks_delegated["fallback"] += 1
+            log.info("spot check by %s not available (%s): checking here", verifier, exc)
+            return None
+        except WireError as exc:
+            self._verifier_lied(verifier, f"its check answer was malformed: {exc.message}")
+            return None
+        finally:
+            self.counters.check_seconds += time.perf_counter() - t0
+        self.spot_checks.note_spot_check(got.evaluated_tokens)
+        verdict = judge(got.scores, params, self.spot_checks.config)
+        if verdict.ok:
+            self.counters.checks_delegated["passed"] += 1
+            self.spot_checks.record(peer, verdict)
+            return verdict
+        here = await self._check_here(peer, prompt, answer, params, deadline, spot=True)
+        if here is None:
+            self.counters.checks_delegated["fallback"] += 1
+            return None  # unconfirmed: nobody is sanctioned on one peer's word
+        if here.ok:
+            self._verifier_lied(verifier, f"its scores failed an answer this node's check passed: {verdict.reason}")
+        else:
+            self.counters.checks_delegated["failed"] += 1
+        return here
+
+    def _verifier_lied(self, verifier: str, reason: str) -> None:
+        """A verifier's scores could not be real: distrusted as a peer returning wrong tokens is."""
+        self.counters.checks_delegated["verifier_wrong"] += 1
+        self.counters.peers_distrusted += 1
+        self.router.on_wrong_answer(verifier, time.monotonic())
+        self.sanctions.distrust(verifier, f"it returned wrong scores for a check: {reason}")
+        self.spot_checks.restart_probation(verifier)
+
+    async def _check_here(
+        self, peer: str, prompt: list[int], answer: list[int], params: GenerationParams, deadline: float,
+        *, final: bool = True, spot: bool = False,
+    ) -> Verdict | None:
+        """Score ``answer`` after ``prompt`` on this node's engine and judge it
+        (see :meth:`_check_answer`)."""
         config = self.spot_checks.config
-        answer = answer[: config.max_checked_tokens]
         greedy = params.temperature <= 0.0
         if spot:
             self.spot_checks.note_spot_check(len(prompt) - self.engine.cache.match(prompt, touch=False) + len(answer))

@@ -132,6 +132,7 @@ class NodeStatus:
             "enabled": cfg.enabled and self.engine.can_score,
             "verify_fraction": cfg.fraction,
             "verify_budget": cfg.budget,
+            "verify_delegate": cfg.delegate,
             "spot_checks_drawn": checks.spot_checks_drawn,
             "spot_checks_over_budget": checks.spot_checks_over_budget,
             "spot_check_tokens": checks.spot_tokens,
@@ -144,6 +145,10 @@ class NodeStatus:
             "checks": dict(self.counters.answers_checked),
             "tokens_checked": self.counters.tokens_checked,
             "check_seconds": round(self.counters.check_seconds, 3),
+            "checks_delegated": dict(self.counters.checks_delegated),
+            "checks_served_for_peers": self.counters.checks_served,
+            "check_tokens_served_for_peers": self.counters.check_tokens_served,
+            "checks_refused": dict(self.counters.checks_refused),
             "peers_past_probation": sum(1 for p in self.router.view if not checks.on_probation(p.peer_id)),
         }
 

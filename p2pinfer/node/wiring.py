@@ -133,6 +133,7 @@ class Node(NodeDiscovery, NodeServing, NodeStatus, NodeNat):
         from ..net.host import build_stack, digest_topic
         from ..net.membership import Membership
         from ..net.model_gossip import ModelGossip
+        from ..net.check import CHECK_PROTOCOL, CheckService
         from ..net.pull import PULL_PROTOCOL, DigestPuller
 
         config = self.config
@@ -221,8 +222,19 @@ class Node(NodeDiscovery, NodeServing, NodeStatus, NodeNat):
             sanctions=self.sanctions,
             other_models=self.other_models,
         )
+        self.checker = CheckService(
+            host=host,
+            engine=self.engine,
+            fingerprint=self.router.fingerprint_hex,
+            counters=self.counters,
+            is_busy=self.is_busy,
+            distrusted=self.sanctions.is_distrusted,
+            connect=lambda peer, deadline: self.connector.ensure(peer, deadline=deadline),
+            timeout_s=config.request_timeout_s,
+        )
         host.set_stream_handler(GENERATE_PROTOCOL, self.forward_server.handle)
         host.set_stream_handler(PULL_PROTOCOL, self.puller.handle)
+        host.set_stream_handler(CHECK_PROTOCOL, self.checker.handle)
         self._build_directory()
 
     async def _run_services(self, stack: AsyncExitStack) -> None:

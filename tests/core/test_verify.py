@@ -172,3 +172,32 @@ def test_a_spot_check_that_fails_after_streaming_finishes_the_request_and_sancti
     actions = life.handle(Done(0, 4, wrong="token 0 is wrong"), 1.0)
     assert isinstance(actions[0], Sanction) and actions[-1] == Finish()
     assert life.state == "done" and life.produced == 4 and router.view.get("liar") is None
+
+
+class _Candidate:
+    def __init__(self, peer_id: str, wait_ms: float) -> None:
+        self.peer_id = peer_id
+        self.load = Load(queued_prefill_tokens=int(wait_ms), prefill_ms_per_token=1.0)
+
+
+def test_a_verifier_is_a_peer_holding_more_of_the_prefix_than_this_node_then_the_least_loaded():
+    from p2pinfer.core.verify import pick_verifier
+
+    peers = {"a": _Candidate("a", 50), "b": _Candidate("b", 10), "c": _Candidate("c", 0), "x": _Candidate("x", 0)}
+    matches = {"a": 20, "b": 20, "c": 5, "x": 30}
+    # x answered (excluded); a and b hold 20 blocks, b waits less.
+    assert pick_verifier(matches, 0, peers.get, {"x"}) == "b"
+    # A peer that may not verify (busy, distrusted, on probation here) is skipped.
+    assert pick_verifier(matches, 0, lambda p: None if p == "b" else peers.get(p), {"x"}) == "a"
+    # Nobody holds more than this node: check here.
+    assert pick_verifier(matches, 20, peers.get, {"x"}) is None
+    assert pick_verifier(matches, 4, peers.get, {"x", "a", "b"}) == "c"
+    assert pick_verifier({}, 0, peers.get, set()) is None
+
+
+def test_restarting_probation_puts_a_peer_back_on_it():
+    checks = SpotChecks(VerifyConfig(probation_answers=1))
+    checks.record("v", Verdict(True, 3, 3, "greedy", 0.0))
+    assert not checks.on_probation("v")
+    checks.restart_probation("v")
+    assert checks.on_probation("v") and checks.plan("v") == "hold"

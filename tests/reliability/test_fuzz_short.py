@@ -7,7 +7,7 @@ import pytest
 from p2pinfer.lab.fuzz import fuzz_target, run_fuzz
 
 
-@pytest.mark.parametrize("target", ["digest", "request", "response", "gossip"])
+@pytest.mark.parametrize("target", ["digest", "request", "response", "gossip", "check-request", "check-response"])
 def test_decoders_reject_malformed_input_with_their_one_error(target: str) -> None:
     report = fuzz_target(target, 1500, seed=7)
     assert report.findings == []

@@ -8,40 +8,14 @@ prefix, so the origin's policy sends it the requests: nothing here forces the ro
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from p2pinfer.core.router import RouterConfig
-from p2pinfer.core.verify import VerifyConfig
-from p2pinfer.engines.simulated import simulated_next_token
 from p2pinfer.lab.node_process import NodeProcess, fast_config, wait_until
+from p2pinfer.lab.verify_swarm import eligible, honest_answer, with_verify
+from p2pinfer.lab.verify_swarm import random_tokens as tokens
 from p2pinfer.net.sanctions import PUBLISH_THRESHOLD
 
 pytestmark = pytest.mark.slow
-
-
-def tokens(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(256, 49152) for _ in range(n)]
-
-
-def honest_answer(prompt: list[int], n: int) -> list[int]:
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(simulated_next_token(seq))
-    return seq[len(prompt):]
-
-
-def with_verify(config, **verify):  # type: ignore[no-untyped-def]
-    r = config.router
-    return config.replace(router=RouterConfig(policy=r.policy, gossip=r.gossip, busy_queue_ms=r.busy_queue_ms,
-                                              verify=VerifyConfig(**verify)))
-
-
-def eligible(node: NodeProcess, peers: list[str]) -> bool:
-    view = node.call("view")
-    return all(view.get(p, {}).get("eligible") for p in peers)
 
 
 def test_a_wrong_token_node_is_caught_on_its_first_answer_and_gets_no_more_traffic() -> None:

@@ -311,3 +311,43 @@ class DialBackProof(_message.Message):
     version: int
     nonce: bytes
     def __init__(self, version: _Optional[int] = ..., nonce: _Optional[bytes] = ...) -> None: ...
+
+class CheckRequest(_message.Message):
+    __slots__ = ("version", "model_fingerprint", "prompt_ids", "answer_ids", "temperature")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    model_fingerprint: str
+    prompt_ids: _containers.RepeatedScalarFieldContainer[int]
+    answer_ids: _containers.RepeatedScalarFieldContainer[int]
+    temperature: float
+    def __init__(self, version: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., answer_ids: _Optional[_Iterable[int]] = ..., temperature: _Optional[float] = ...) -> None: ...
+
+class CheckScore(_message.Message):
+    __slots__ = ("token_id", "logprob", "best_logprob", "mean_logprob", "var_logprob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    BEST_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    MEAN_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    VAR_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    best_logprob: float
+    mean_logprob: float
+    var_logprob: float
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., best_logprob: _Optional[float] = ..., mean_logprob: _Optional[float] = ..., var_logprob: _Optional[float] = ...) -> None: ...
+
+class CheckResponse(_message.Message):
+    __slots__ = ("version", "scores", "evaluated_tokens", "error")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    EVALUATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    scores: _containers.RepeatedCompositeFieldContainer[CheckScore]
+    evaluated_tokens: int
+    error: Error
+    def __init__(self, version: _Optional[int] = ..., scores: _Optional[_Iterable[_Union[CheckScore, _Mapping]]] = ..., evaluated_tokens: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
