@@ -9,7 +9,7 @@ import json
 
 import typer
 
-from ..lab.fuzz import run_fuzz
+from ..lab.fuzz import TARGETS, run_fuzz
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
@@ -22,7 +22,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     ) -> None:
         """Mutation-fuzz every decoder a peer or client reaches; exit 1 on any finding."""
         chosen = [t.strip() for t in targets.split(",") if t.strip()]
-        known = {"digest", "request", "response", "gossip", "http"}
+        known = {*TARGETS, "http"}  # one list: the lab's decoders, and the live node's HTTP API
         if not chosen or set(chosen) - known:
             raise typer.BadParameter(f"choose from {', '.join(sorted(known))}", param_hint="--targets")
         result = run_fuzz(chosen, count, seed)
