@@ -187,15 +187,14 @@ def judge(scores: Sequence[Scored], params: Sampling, config: VerifyConfig) -> V
         raise ValueError("nothing to judge: the answer has no token")
     n = len(scores)
     if params.temperature <= 0.0:
-        worst, worst_at = 0.0, -1
+        worst = 0.0
         for i, s in enumerate(scores):
             gap = s.best_logprob - s.logprob
             if gap > config.greedy_tolerance:
                 return Verdict(False, n, i, "greedy", gap,
                                f"token {i} of the answer ({s.token_id}) is {gap:.2f} nats below the most likely token "
                                f"(tolerance {config.greedy_tolerance:g})")
-            if gap > worst:
-                worst, worst_at = gap, i
+            worst = max(worst, gap)
         return Verdict(True, n, n, "greedy", worst)
     observed = sum(s.logprob for s in scores)
     expected = sum(s.mean_logprob for s in scores)

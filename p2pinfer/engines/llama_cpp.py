@@ -58,7 +58,6 @@ import hashlib
 import logging
 import math
 import os
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 

@@ -32,7 +32,7 @@ async def _pump(src: trio.SocketStream, dst: trio.SocketStream, delay_s: float) 
     done = False
 
     async def reader() -> None:
-        nonlocal wake, done
+        nonlocal done
         try:
             while True:
                 data = await src.receive_some(65536)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-import os
 from pathlib import Path
 import random
 import sys

@@ -61,8 +61,6 @@ async def _one(engine: Engine, system: str, first: str, second: str, max_tokens:
             finish = item.finish_reason
     reply = "".join(text)
     nxt = engine.chat_tokens([*history, {"role": "assistant", "content": reply}, {"role": "user", "content": second}])
-    ran = prompt + generated
-    common = _common(ran, nxt)
     return _row(engine, prompt, generated, finish, reply, nxt)
 
 

@@ -72,7 +72,7 @@ def install(host: Any) -> None:
                 kind = "data_empty"  # SYN/FIN/RST without payload
             frames[(note(self), sid, kind)] += len(data) + _NOISE_OVERHEAD
             frames[(note(self), sid, kind + "#")] += 1
-        except Exception as exc:
+        except Exception:
             _state.setdefault("errors", []).append(__import__("traceback").format_exc()[-600:])
         await original_write_frame(self, data)
 
@@ -156,7 +156,7 @@ def install(host: Any) -> None:
                     proto = stream.get_protocol()
                     if proto is not None:
                         protocols[(note(stream.muxed_conn), stream.muxed_stream.stream_id)] = str(proto)
-    except Exception as exc:
+    except Exception:
         _state.setdefault("errors", []).append(__import__("traceback").format_exc()[-600:])
 
 

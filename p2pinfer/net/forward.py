@@ -51,7 +51,6 @@ from .wire import (
     RESPONSE_MAX_BYTES,
     Done,
     RemoteError,
-    Request,
     WireError,
     decode_request,
     decode_response,

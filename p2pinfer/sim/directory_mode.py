@@ -59,7 +59,6 @@ from ..core.directory import (
     DirectoryStore,
     Query,
     Register,
-    Rendezvous,
     Resend,
     anchor_key,
     anchor_of,

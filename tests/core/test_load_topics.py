@@ -68,7 +68,7 @@ def test_names_round_trip_and_strange_names_are_not_load_topics() -> None:
         f"/p2pinfer/load/1/{FP}/4/4",  # index out of range
         f"/p2pinfer/load/1/{FP}/04/1",  # two names for one topic
         f"/p2pinfer/load/1/{FP}/4",
-        f"/p2pinfer/load/1//4/1",
+        "/p2pinfer/load/1//4/1",
         f"/p2pinfer/load/1/{FP}/4/-1",
         f"/p2pinfer/load/1/{FP}/{1 << 30}/0",
     ):

@@ -18,7 +18,6 @@ from p2pinfer.core.directory import (
     DirectoryConfig,
     DirectoryError,
     KademliaPlacement,
-    Query,
     Refusal,
     Register,
     Resend,

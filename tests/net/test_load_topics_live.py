@@ -11,7 +11,6 @@ directory nodes' load reports go on the model topic, where it hears them.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
