@@ -15,7 +15,7 @@ from ..lab.fuzz import TARGETS, run_fuzz
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     @bench.command("fuzz")
     def fuzz(
-        targets: str = typer.Option("digest,request,response,gossip,check-request,check-response,http", help="Comma-separated targets."),
+        targets: str = typer.Option(",".join([*TARGETS, "http"]), help="Comma-separated targets (default: all)."),
         count: int = typer.Option(10_000, min=1, help="Malformed inputs per target."),
         seed: int = typer.Option(1),
         as_json: bool = typer.Option(False, "--json"),

@@ -174,6 +174,91 @@ def _check_response_target() -> tuple[list[bytes], Callable[[bytes], Any], type[
     return seeds, decode, WireError
 
 
+def _pull_request_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseException]]:
+    from ..net.wire import WireError, decode_pull_request, encode_pull_request
+
+    return [encode_pull_request("abcdef0123456789", 16), encode_pull_request("ff", 0)], decode_pull_request, WireError
+
+
+def _pull_response_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseException]]:
+    from ..core.digest import Digest, encode_digest
+    from ..core.peers import Load
+    from ..net.wire import GossipRejected, RemoteError, decode_pull_response, encode_pull_error, encode_pull_response, load_to_pb
+
+    sender, fp = "12D3KooWsender", "abcdef0123456789"
+
+    def decode(data: bytes) -> Any:
+        try:
+            return decode_pull_response(data, sender=sender, fingerprint=fp)
+        except RemoteError as exc:  # a refusal is a valid answer: what the caller gets for it
+            return exc
+
+    seeds = [
+        encode_pull_response(encode_digest(Digest("full", sender, fp, 3, 0, frozenset(range(40)), epoch=2)),
+                             load_to_pb(sender, fp, Load(100, 4.3, 1), True, 5, 3, ["/ip4/127.0.0.1/tcp/4001"]),
+                             [("12D3KooWother", ["/ip4/127.0.0.1/tcp/4002"])]),
+        encode_pull_error("BUSY", "pull limit"),
+    ]
+    return seeds, decode, GossipRejected
+
+
+def _model_announcement_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseException]]:
+    from ..net.wire import GossipRejected, decode_model_announcement, encode_model_announcement
+
+    sender = "12D3KooWsender"
+
+    def decode(data: bytes) -> Any:
+        return decode_model_announcement(data, sender=sender)
+
+    seeds = [encode_model_announcement(sender, "abcdef0123456789", "smollm2-135m", ["/ip4/127.0.0.1/tcp/4001"])]
+    return seeds, decode, GossipRejected
+
+
+def _dialback_request_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseException]]:
+    from ..net.wire import WireError, decode_dialback_request, encode_dialback_request
+
+    seeds = [encode_dialback_request(b"n" * 16, ["/ip4/10.0.0.2/tcp/4001", "/ip4/10.0.0.2/udp/4001/quic-v1"])]
+    return seeds, decode_dialback_request, WireError
+
+
+def _dialback_response_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseException]]:
+    from ..net.wire import WireError, decode_dialback_response, encode_dialback_response
+
+    seeds = [encode_dialback_response("ok", addr="/ip4/10.0.0.2/tcp/4001", observed_ip="10.0.0.2"),
+             encode_dialback_response("refused", message="rate limit")]
+    return seeds, decode_dialback_response, WireError
+
+
+def _dialback_proof_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseException]]:
+    from ..net.wire import WireError, decode_dialback_proof, encode_dialback_proof
+
+    return [encode_dialback_proof(b"n" * 16)], decode_dialback_proof, WireError
+
+
+def _directory_target() -> tuple[list[bytes], Callable[[bytes], Any], type[BaseException]]:
+    from ..core.directory import (
+        AnchorCheck, AnchorUpdate, Answer, AnswerHolder, DirectoryConfig, DirectoryError, Refusal, Register, Resend,
+        decode_message, encode_message, make_query,
+    )
+    from ..core.peers import Load
+
+    load = Load(120, 4.3, 1, 4, 2, 12.5, True)
+    hashes = [(0x9E3779B97F4A7C15 * (i + 1)) % (1 << 64) for i in range(40)]
+    query = make_query(hashes, 640, DirectoryConfig())
+    assert query is not None
+    seeds = [
+        encode_message(Register("12D3KooWholder", 7, load, (AnchorUpdate(hashes[0], False, frozenset(hashes[1:20]),
+                                                                          frozenset(hashes[20:24])),
+                                                              AnchorUpdate(hashes[30], True, frozenset(hashes[31:]))),
+                                (AnchorCheck(hashes[0], 19, 12345),))),
+        encode_message(Resend((hashes[0], hashes[30]))),
+        encode_message(query),
+        encode_message(Answer(hashes[0], (AnswerHolder("12D3KooWholder", 18, load, 1.25),))),
+        encode_message(Refusal("NOT_HOLDER", "register for another peer")),
+    ]
+    return seeds, decode_message, DirectoryError
+
+
 TARGETS: dict[str, Callable[[], tuple[list[bytes], Callable[[bytes], Any], type[BaseException]]]] = {
     "digest": _digest_target,
     "request": _request_target,
@@ -181,6 +266,13 @@ TARGETS: dict[str, Callable[[], tuple[list[bytes], Callable[[bytes], Any], type[
     "gossip": _gossip_target,
     "check-request": _check_request_target,
     "check-response": _check_response_target,
+    "pull-request": _pull_request_target,
+    "pull-response": _pull_response_target,
+    "model-announcement": _model_announcement_target,
+    "dialback-request": _dialback_request_target,
+    "dialback-response": _dialback_response_target,
+    "dialback-proof": _dialback_proof_target,
+    "directory": _directory_target,
 }
 
 

@@ -4,15 +4,33 @@ from __future__ import annotations
 
 import pytest
 
-from p2pinfer.lab.fuzz import fuzz_target, run_fuzz
+from p2pinfer.lab.fuzz import TARGETS, fuzz_target, run_fuzz
 
 
-@pytest.mark.parametrize("target", ["digest", "request", "response", "gossip", "check-request", "check-response"])
+@pytest.mark.parametrize("target", sorted(TARGETS))
 def test_decoders_reject_malformed_input_with_their_one_error(target: str) -> None:
     report = fuzz_target(target, 1500, seed=7)
     assert report.findings == []
     assert report.inputs == 1500 and report.rejected > 1000  # the mutations really are malformed
     assert report.peak_memory_bytes < 64 << 20
+
+
+def test_every_peer_facing_decoder_is_a_fuzz_target() -> None:
+    """A decoder added to the wire without a fuzz target is caught here."""
+    import inspect
+
+    from p2pinfer.core import digest, directory
+    from p2pinfer.net import wire
+
+    decoders = {f"{m.__name__}.{name}" for m in (wire, digest, directory) for name, _ in inspect.getmembers(m, inspect.isfunction)
+                if name.startswith("decode") and _.__module__ == m.__name__}
+    covered = set()
+    for make in TARGETS.values():
+        _, decode, _ = make()
+        source = inspect.getsource(decode) if decode.__name__ == "decode" else ""
+        covered |= {d for d in decoders if d.rsplit(".", 1)[1] == decode.__name__ or f"{d.rsplit('.', 1)[1]}(" in source}
+    missing = decoders - covered
+    assert not missing, f"decoders without a fuzz target: {sorted(missing)}"
 
 
 def test_http_api_answers_malformed_bodies_with_4xx_and_keeps_serving() -> None:
