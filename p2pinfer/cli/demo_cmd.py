@@ -51,7 +51,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         concurrency: int = typer.Option(2, min=1, help="Requests in flight."),
         subjects: int = typer.Option(6, min=1, max=57, help="MMLU subjects (shortest five-shot headers first)."),
         policies: str = typer.Option(",".join(DEMO_POLICIES), help="Comma-separated policies to compare."),
-        out: Path = typer.Option(Path("p2pinfer-demo.png"), help="Where to write the plot."),
+        out: Path = typer.Option(Path("p2pinfer-demo.png"), help="Where to write the plot; the run's JSON goes next to it (.json)."),
         model: Optional[str] = typer.Option(None, help="GGUF file (default: SmolLM2-135M-Instruct)."),
         seed: int = typer.Option(1),
         keep: bool = typer.Option(
@@ -112,6 +112,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             ratio = by["round-robin"]["ttft_ms"]["mean"] / by["cost"]["ttft_ms"]["mean"]
             console.print(f"prefix-aware routing (cost) answered {ratio:.1f}x faster on average than round-robin.")
         console.print(f"plot written to [bold]{plot.resolve()}[/]")
+        from ..lab.provenance import with_provenance
+
+        data = out.with_suffix(".json")
+        data.write_text(json.dumps(with_provenance(result), indent=2))
+        console.print(f"the run's data (every request, with the command and commit) written to [bold]{data.resolve()}[/]")
 
     @bench.command("swarm")
     def bench_swarm(

@@ -87,7 +87,7 @@ def test_bench_swarm_small_run_reports_every_figure(tmp_path: Path) -> None:
     assert result["cache_budget_note"]
 
 
-def test_demo_command_prints_table_and_writes_plot(tmp_path: Path) -> None:
+def test_demo_command_prints_table_and_writes_plot_and_data(tmp_path: Path) -> None:
     plot = tmp_path / "demo.png"
     out = subprocess.run(
         [sys.executable, "-m", "p2pinfer", "demo", "--nodes", "2", "--requests", "4", "--subjects", "1",
@@ -99,6 +99,12 @@ def test_demo_command_prints_table_and_writes_plot(tmp_path: Path) -> None:
     assert "cost" in out.stdout and "random" in out.stdout
     assert str(plot.resolve()) in out.stdout.replace("\n", "")
     assert plot.stat().st_size > 1000
+    # The run's data is saved next to the plot, every request of each policy, stamped with its command.
+    data = json.loads((tmp_path / "demo.json").read_text())
+    assert [p["policy"] for p in data["policies"]] == ["cost", "random"]
+    assert all(p["completed"] == 4 and len(p["outcomes"]) == 4 for p in data["policies"])
+    assert data["provenance"]["command"].startswith("p2pinfer demo ") and data["provenance"]["commit"]
+    assert str((tmp_path / "demo.json").resolve()) in out.stdout.replace("\n", "")
     # While each swarm ran, the demo said where to watch it.
     assert re.search(r"cost: watch it live at http://127\.0\.0\.1:\d+/dashboard", out.stderr), out.stderr[-2000:]
 
