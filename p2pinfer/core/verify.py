@@ -64,6 +64,7 @@ import random
 from typing import Literal, Protocol
 
 __all__ = [
+    "MAX_DELEGATED_CHECK_TOKENS",
     "CheckPlan",
     "SpotChecks",
     "Verdict",
@@ -100,6 +101,11 @@ class Sampling(Protocol):
     def penalised(self) -> bool: ...
 
 
+MAX_DELEGATED_CHECK_TOKENS = 512
+"""The most answer tokens a check scored by a third peer carries (the
+``/p2pinfer/check/1.0.0`` limit, ``net.wire.CHECK_MAX_ANSWER_TOKENS``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class VerifyConfig:
     """How a node checks forwarded answers (setting ``verify_fraction``)."""
@@ -128,7 +134,8 @@ class VerifyConfig:
     ``verify_budget``): a spot check drawn over it is skipped. 1 or more: no
     limit. Probation checks are not limited."""
     max_checked_tokens: int = 512
-    """Only the first this many tokens of an answer are checked (the cost of a check is capped)."""
+    """Only the first this many tokens of an answer are checked (the cost of a
+    check is capped); at most :data:`MAX_DELEGATED_CHECK_TOKENS` while ``delegate`` is on."""
     remembered_peers: int = 4096
     """Peers whose probation this node remembers (the oldest is forgotten first)."""
     delegate: bool = True
@@ -147,6 +154,10 @@ class VerifyConfig:
             raise ValueError("greedy_tolerance and sampling_z must be positive")
         if self.max_checked_tokens < 1 or self.remembered_peers < 1:
             raise ValueError("max_checked_tokens and remembered_peers must be >= 1")
+        if self.delegate and self.max_checked_tokens > MAX_DELEGATED_CHECK_TOKENS:
+            raise ValueError(
+                f"max_checked_tokens {self.max_checked_tokens} is more than a delegated check carries "
+                f"({MAX_DELEGATED_CHECK_TOKENS}, /p2pinfer/check/1.0.0): lower it, or turn verify_delegate off")
 
     @property
     def enabled(self) -> bool:

@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 
 from ..core.digest import MAX_DIGEST_BYTES, Digest, DigestError, decode_digest
 from ..core.peers import MAX_REPORTED_SLOT_WAIT_MS, MAX_REPORTED_SLOTS, Load
+from ..core.verify import MAX_DELEGATED_CHECK_TOKENS
 from ..engines.base import MAX_TOP_LOGPROBS, GenerationParams, GenerationRecord, InvalidRequestError, TokenChunk, TokenLogprob
 from .proto import p2pinfer_pb2 as pb
 
@@ -722,8 +723,9 @@ def decode_dialback_proof(data: bytes) -> bytes:
 CHECK_VERSION = 1
 CHECK_MAX_PROMPT_TOKENS = 32768
 """The longest prompt a check carries (longer than any context this node family runs)."""
-CHECK_MAX_ANSWER_TOKENS = 512
-"""The most answer tokens one check scores (``VerifyConfig.max_checked_tokens`` is at most this)."""
+CHECK_MAX_ANSWER_TOKENS = MAX_DELEGATED_CHECK_TOKENS
+"""The most answer tokens one check scores (``VerifyConfig`` refuses a larger
+``max_checked_tokens`` while delegation is on)."""
 CHECK_REQUEST_MAX_BYTES = 5 * (CHECK_MAX_PROMPT_TOKENS + CHECK_MAX_ANSWER_TOKENS) + 1024
 """Token ids are varints of at most 5 bytes."""
 CHECK_RESPONSE_MAX_BYTES = 32 * CHECK_MAX_ANSWER_TOKENS + 2048

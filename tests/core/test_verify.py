@@ -13,7 +13,7 @@ from p2pinfer.core.blocks import ModelFingerprint
 from p2pinfer.core.peers import Load
 from p2pinfer.core.radix import RadixTree
 from p2pinfer.core.router import Router
-from p2pinfer.core.verify import SpotChecks, Verdict, VerifyConfig, checkable, judge
+from p2pinfer.core.verify import MAX_DELEGATED_CHECK_TOKENS, SpotChecks, Verdict, VerifyConfig, checkable, judge
 from p2pinfer.engines.base import GenerationParams, PositionScore
 
 FP = ModelFingerprint("m", "t", "c", 16)
@@ -78,6 +78,17 @@ def test_an_empty_answer_cannot_be_judged() -> None:
 def test_bad_verify_settings_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         VerifyConfig(**bad)
+
+
+def test_a_check_longer_than_the_check_protocol_carries_is_refused_while_delegating() -> None:
+    """Otherwise every delegated check of a long answer would fall back to a local one, unsaid."""
+    from p2pinfer.net.wire import CHECK_MAX_ANSWER_TOKENS
+
+    assert CHECK_MAX_ANSWER_TOKENS == MAX_DELEGATED_CHECK_TOKENS
+    with pytest.raises(ValueError, match="verify_delegate"):
+        VerifyConfig(max_checked_tokens=MAX_DELEGATED_CHECK_TOKENS + 1)
+    assert VerifyConfig(max_checked_tokens=MAX_DELEGATED_CHECK_TOKENS).delegate
+    assert VerifyConfig(max_checked_tokens=4 * MAX_DELEGATED_CHECK_TOKENS, delegate=False).max_checked_tokens == 2048
 
 
 def ok(n: int = 4) -> Verdict:
