@@ -12,8 +12,10 @@ token, of that token, a real distribution's values) before they are judged.
 peer's request on this node's engine (as background work: the engine's
 checks yield to requests, and hold a slot in the load it reports), and
 :meth:`CheckService.ask` asks a peer. A node refuses (BUSY) while it is
-over its valve, while ``max_in_flight`` checks of peers run, and for a
-peer it distrusts.
+over its valve, while ``max_in_flight`` checks of peers run, while the
+asking peer already has ``max_in_flight_per_peer`` of them (so one peer
+cannot hold every place and push honest origins to check locally), and for
+a peer it distrusts.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class CheckService:
         connect: Callable[[str, float], Awaitable[Any]] | None = None,
         timeout_s: float = 120.0,
         max_in_flight: int = 2,
+        max_in_flight_per_peer: int = 1,
     ) -> None:
         self.host = host
         self.engine = engine
@@ -76,7 +79,9 @@ class CheckService:
         self._connect = connect
         self._timeout_s = timeout_s
         self.max_in_flight = max_in_flight
+        self.max_in_flight_per_peer = max_in_flight_per_peer
         self.in_flight = 0
+        self._in_flight_by_peer: dict[str, int] = {}
 
     # -- serving ------------------------------------------------------------------
     async def handle(self, stream: INetStream) -> None:
@@ -113,9 +118,12 @@ class CheckService:
             return self._refuse("BAD_REQUEST", f"the {self.engine.name} engine cannot score tokens")
         if self.in_flight >= self.max_in_flight or self._is_busy():
             return self._refuse("BUSY", f"{self.in_flight} checks of peers running (limit {self.max_in_flight}), or over the busy valve")
+        if self._in_flight_by_peer.get(peer, 0) >= self.max_in_flight_per_peer:
+            return self._refuse("BUSY", f"{self.max_in_flight_per_peer} check(s) of this peer already running (the limit per peer)")
         tokens = query.prompt + query.answer
         evaluated = len(query.prompt) - self.engine.cache.match(query.prompt, touch=False) + len(query.answer)
         self.in_flight += 1
+        self._in_flight_by_peer[peer] = self._in_flight_by_peer.get(peer, 0) + 1
         try:
             scores = await self.engine.score(tokens, len(query.prompt), temperature=query.temperature)
         except PromptTooLongError as exc:
@@ -126,6 +134,9 @@ class CheckService:
             return self._refuse("INTERNAL", f"scoring failed: {exc}")
         finally:
             self.in_flight -= 1
+            left = self._in_flight_by_peer.pop(peer) - 1
+            if left:
+                self._in_flight_by_peer[peer] = left
         self.counters.checks_served += 1
         self.counters.check_tokens_served += evaluated
         return encode_check_response(scores, evaluated)
