@@ -20,10 +20,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         max_tokens: int = typer.Option(48, min=2),
         restart: bool = typer.Option(True, "--restart/--no-restart", help="Restart the victim and time its rejoin."),
         seed: int = typer.Option(1),
+        kill_after_chunks: int = typer.Option(
+            0, min=0, help="Also wait until the clients have received this many text chunks in all, so the kill lands mid-stream."),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """SIGKILL a serving node under concurrent streams: every request completes or fails explicitly."""
-        result = run_faults(nodes=nodes, requests=requests, max_tokens=max_tokens, restart=restart, seed=seed)
+        result = run_faults(nodes=nodes, requests=requests, max_tokens=max_tokens, restart=restart, seed=seed,
+                            kill_after_chunks=kill_after_chunks)
         from ..lab.provenance import with_provenance
 
         result = with_provenance(result)

@@ -64,8 +64,12 @@ def expected_text(prompt: str, attempts: list[dict[str, Any]]) -> str:
     return "".join(tok.decode([t]) for t in out)
 
 
-async def stream_completion(client: Any, url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """POST a streaming completion; classify how it ended (see module docstring)."""
+async def stream_completion(client: Any, url: str, body: dict[str, Any], timeout_s: float,
+                            progress: list[int] | None = None) -> dict[str, Any]:
+    """POST a streaming completion; classify how it ended (see module docstring).
+
+    ``progress[0]``, when given, is incremented for every text chunk received
+    (shared by concurrent requests: how far the swarm's streams have got)."""
     import httpx
     import trio
 
@@ -93,6 +97,8 @@ async def stream_completion(client: Any, url: str, body: dict[str, Any], timeout
                         if choice.get("text"):
                             rec["text"] += choice["text"]
                             rec["chunks"] += 1
+                            if progress is not None:
+                                progress[0] += 1
                             rec.setdefault("first_chunk_s", time.perf_counter() - t0)
                         if choice.get("finish_reason"):
                             rec["usage"] = event.get("usage")
@@ -131,7 +137,12 @@ def run_faults(
     client_timeout_s: float = 90.0,
     restart: bool = True,
     seed: int = 1,
+    kill_after_chunks: int = 0,
 ) -> dict[str, Any]:
+    """``kill_after_chunks``: also wait, before the kill, until the clients
+    have received this many text chunks in all, so that the kill lands
+    mid-stream and the survivors resume answers from the tokens already sent
+    (0: kill as soon as the victim serves, usually before its first token)."""
     import httpx
     import trio
 
@@ -160,6 +171,7 @@ def run_faults(
             plan.append((i, entries[i % len(entries)], prompt))
         records: list[dict[str, Any]] = [{} for _ in plan]
         killed: dict[str, float] = {}
+        progress = [0]
 
         async def main() -> None:
             limits = httpx.Limits(max_connections=requests + 10, max_keepalive_connections=requests + 10)
@@ -167,7 +179,7 @@ def run_faults(
 
                 async def one(i: int, node: Any, prompt: str) -> None:
                     body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
-                    records[i] = await stream_completion(client, node.http, body, client_timeout_s)
+                    records[i] = await stream_completion(client, node.http, body, client_timeout_s, progress)
                     records[i]["prompt"] = prompt
 
                 async def killer() -> None:
@@ -176,7 +188,8 @@ def run_faults(
                     while trio.current_time() - t0 < 30:
                         try:
                             st = (await client.get(victim.http + "/status", timeout=2.0)).json()
-                            if st["load"]["forwards_in_flight"] >= 2 and trio.current_time() - t0 > 0.3:
+                            if (st["load"]["forwards_in_flight"] >= 2 and trio.current_time() - t0 > 0.3
+                                    and progress[0] >= kill_after_chunks):
                                 break
                         except httpx.HTTPError:
                             pass
@@ -184,6 +197,7 @@ def run_faults(
                     os.killpg(victim.process.pid, signal.SIGKILL)
                     killed["at"] = time.monotonic()
                     killed["in_flight_s"] = trio.current_time() - t0
+                    killed["chunks"] = progress[0]
                     # Then watch it leave every survivor's view (peer TTL).
                     while time.monotonic() - killed["at"] < 60:
                         gone = 0
@@ -251,6 +265,8 @@ def run_faults(
         "requests": requests,
         "max_tokens": max_tokens,
         "killed_after_s": round(killed.get("in_flight_s", float("nan")), 2),
+        "kill_after_chunks": kill_after_chunks,
+        "chunks_before_kill": int(killed.get("chunks", 0)),
         "outcomes": outcomes,
         "completed": outcomes.get("completed", 0),
         "failed_explicitly": explicit,

@@ -109,3 +109,13 @@ def test_fifty_concurrent_streams_survive_a_sigkill_and_the_node_rejoins_empty()
     assert result["victim_left_every_view_s"] is not None
     assert result["victim_rejoined_empty_s"] is not None
     assert result["nodes_alive_at_end"] == 4
+
+
+def test_a_kill_mid_stream_resumes_answers_from_the_tokens_already_sent() -> None:
+    """`--kill-after-chunks`: the kill lands after the victim has streamed tokens, so some answers
+    are resumed on a survivor from where they stopped, and each text is still exactly right."""
+    result = run_faults(requests=30, max_tokens=48, seed=3, restart=False, kill_after_chunks=20)
+    assert result["hung"] == 0 and result["lost"] == 0 and result["corrupt"] == 0, result
+    assert result["completed"] + result["failed_explicitly"] == 30, result["outcomes"]
+    assert result["chunks_before_kill"] >= 20
+    assert result["resumed_mid_stream"] >= 1, result
