@@ -20,6 +20,7 @@ a peer it distrusts.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 import logging
 from typing import Any
@@ -80,8 +81,12 @@ class CheckService:
         self._timeout_s = timeout_s
         self.max_in_flight = max_in_flight
         self.max_in_flight_per_peer = max_in_flight_per_peer
-        self.in_flight = 0
-        self._in_flight_by_peer: dict[str, int] = {}
+        self._in_flight_by_peer: Counter[str] = Counter()
+
+    @property
+    def in_flight(self) -> int:
+        """Checks of peers being scored now."""
+        return sum(self._in_flight_by_peer.values())
 
     # -- serving ------------------------------------------------------------------
     async def handle(self, stream: INetStream) -> None:
@@ -118,12 +123,11 @@ class CheckService:
             return self._refuse("BAD_REQUEST", f"the {self.engine.name} engine cannot score tokens")
         if self.in_flight >= self.max_in_flight or self._is_busy():
             return self._refuse("BUSY", f"{self.in_flight} checks of peers running (limit {self.max_in_flight}), or over the busy valve")
-        if self._in_flight_by_peer.get(peer, 0) >= self.max_in_flight_per_peer:
+        if self._in_flight_by_peer[peer] >= self.max_in_flight_per_peer:
             return self._refuse("BUSY", f"{self.max_in_flight_per_peer} check(s) of this peer already running (the limit per peer)")
         tokens = query.prompt + query.answer
         evaluated = len(query.prompt) - self.engine.cache.match(query.prompt, touch=False) + len(query.answer)
-        self.in_flight += 1
-        self._in_flight_by_peer[peer] = self._in_flight_by_peer.get(peer, 0) + 1
+        self._in_flight_by_peer[peer] += 1
         try:
             scores = await self.engine.score(tokens, len(query.prompt), temperature=query.temperature)
         except PromptTooLongError as exc:
@@ -133,10 +137,9 @@ class CheckService:
         except (EngineError, NotImplementedError) as exc:
             return self._refuse("INTERNAL", f"scoring failed: {exc}")
         finally:
-            self.in_flight -= 1
-            left = self._in_flight_by_peer.pop(peer) - 1
-            if left:
-                self._in_flight_by_peer[peer] = left
+            self._in_flight_by_peer[peer] -= 1
+            if not self._in_flight_by_peer[peer]:
+                del self._in_flight_by_peer[peer]
         self.counters.checks_served += 1
         self.counters.check_tokens_served += evaluated
         return encode_check_response(scores, evaluated)
