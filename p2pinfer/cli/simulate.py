@@ -117,8 +117,9 @@ def simulate(
     trace: Optional[Path] = typer.Option(None, help="JSONL trace to replay (with --workload trace)."),
     mmlu_dir: Optional[Path] = typer.Option(None, help="MMLU folder with dev/ and test/ (default: the packaged subset)."),
     tokenizer: str = typer.Option("auto", help="auto (the model's when installed), model or approx."),
-    calibration: Optional[Path] = typer.Option(
-        None, help="JSON from 'p2pinfer bench engine --json' to calibrate the engine cost model (default: built-in figures)."
+    calibration: Optional[list[Path]] = typer.Option(
+        None, help="JSON from 'p2pinfer bench engine --json' to calibrate the engine cost model; repeat it for several "
+        "runs (the median of each figure). Default: the medians of the three runs under docs/results/issue23-engine-*.json."
     ),
     reply_cache: bool = typer.Option(
         False, "--reply-cache/--no-reply-cache",
@@ -154,7 +155,7 @@ def simulate(
         tokenizer=tokenizer,
     )
     try:
-        cost = cost_model_from_bench(calibration) if calibration else EngineCostModel()
+        cost = cost_model_from_bench(*calibration) if calibration else EngineCostModel()
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--calibration") from None
     try:

@@ -1,8 +1,10 @@
 """The engine cost model shared by the simulated engine and the simulator.
 
-Times in milliseconds. The defaults are calibrated from ``p2pinfer bench
-engine`` on SmolLM2-135M-Instruct Q4_1, llama.cpp on 2 CPU cores (see
-docs/results.md); pass other figures to model another machine.
+Times in milliseconds. The defaults are the medians of three saved runs of
+``p2pinfer bench engine --json`` (SmolLM2-135M-Instruct Q4_1, llama.cpp on
+2 CPU cores: docs/results/issue23-engine-fb669d6-run*.json; a test checks
+that they still are); ``p2pinfer simulate --calibration FILE`` reads
+another machine's runs the same way (:func:`p2pinfer.sim.runner.cost_model_from_bench`).
 
 Continuous batching (issue 18): one decode step of ``k`` sequences costs
 more than one of a single sequence, but much less than ``k`` of them.
@@ -31,6 +33,14 @@ per second, all sequences together, with 1, 2, 4 and 8 sequences in one
 batch. Only the ratios to the first entry are used."""
 
 
+DEFAULT_SOURCE = (
+    "median of 3 runs of 'p2pinfer bench engine --json' at fb669d6 (SmolLM2-135M Q4_1, llama.cpp, "
+    "2 CPU cores, AMD EPYC; docs/results/issue23-engine-fb669d6-run*.json)"
+)
+"""Where :class:`EngineCostModel`'s defaults come from. Until 2026-12-07 they
+were the field notes' 4.35 / 12.5 / 2.0 / 1.0 ms (an older engine)."""
+
+
 def chunk_cuts(n: int, size: int = PREFILL_CHUNK_TOKENS) -> list[tuple[int, int]]:
     """``(offset, length)`` chunks for ``n`` prompt tokens: full chunks of
     ``size``, and never a last chunk of one token after others (it moves
@@ -53,13 +63,13 @@ def _step_ratios(curve: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float
 
 @dataclass(frozen=True, slots=True)
 class EngineCostModel:
-    prefill_ms_per_token: float = 4.35
-    decode_ms_per_token: float = 12.5
+    prefill_ms_per_token: float = 3.43
+    decode_ms_per_token: float = 11.466
     """One decode step of one sequence (what a lone answer takes per token)."""
-    cache_hit_overhead_ms: float = 2.0
-    """Fixed cost of restoring a cached prefix (bookkeeping, KV copy)."""
-    request_overhead_ms: float = 1.0
-    source: str = "SmolLM2-135M Q4_1, llama.cpp, 2 CPU cores (field notes, 2026-11)"
+    cache_hit_overhead_ms: float = 6.46
+    """Fixed cost of restoring a cached prefix (bookkeeping, KV copy): ``restore_ms``."""
+    request_overhead_ms: float = 2.036
+    source: str = DEFAULT_SOURCE
     batch_decode_tokens_per_s: tuple[tuple[int, float], ...] = BATCH_DECODE_TOKENS_PER_S
     """Decode throughput against sequences per batch (must include 1); see :meth:`decode_step_ms`."""
 

@@ -9,6 +9,7 @@ import functools
 import json
 from pathlib import Path
 import random
+import statistics
 from typing import Any
 
 from ..core.costmodel import EngineCostModel
@@ -115,21 +116,39 @@ def simulate(
     return Simulator(config, reqs, encoder, workload=info, progress=progress).run()
 
 
-def cost_model_from_bench(path: str | Path) -> EngineCostModel:
-    """An engine cost model from the JSON that ``p2pinfer bench engine --json`` prints."""
-    try:
-        data = json.loads(Path(path).read_text())
-        prefill = float(data["prefill_ms_per_token"])
-        decode = float(data["decode_ms_per_token"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not the JSON of 'p2pinfer bench engine --json' ({exc})") from None
-    if not (prefill > 0 and decode >= 0):
-        raise ValueError(f"{path}: prefill_ms_per_token must be > 0 and decode_ms_per_token >= 0")
-    restore = data.get("restore_ms")
-    engine = data.get("engine")
+def cost_model_from_bench(*paths: str | Path) -> EngineCostModel:
+    """An engine cost model from the JSON that ``p2pinfer bench engine --json``
+    prints; with several files (runs of one machine), the median of each figure."""
+    if not paths:
+        raise ValueError("no 'p2pinfer bench engine --json' file given")
+    runs: list[dict[str, float]] = []
+    engines: set[str] = set()
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+            run = {"prefill": float(data["prefill_ms_per_token"]), "decode": float(data["decode_ms_per_token"])}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not the JSON of 'p2pinfer bench engine --json' ({exc})") from None
+        if not (run["prefill"] > 0 and run["decode"] >= 0):
+            raise ValueError(f"{path}: prefill_ms_per_token must be > 0 and decode_ms_per_token >= 0")
+        for key, name in (("restore_ms", "restore"), ("request_overhead_ms", "overhead")):
+            if isinstance(data.get(key), (int, float)) and data[key] >= 0:
+                run[name] = float(data[key])
+        engine = data.get("engine")
+        engines.add(engine if isinstance(engine, str) else json.dumps(engine)[:120])
+        runs.append(run)
+
+    def median_of(name: str, default: float) -> float:
+        values = [r[name] for r in runs if name in r]
+        return round(statistics.median(values), 4) if values else default
+
+    base = EngineCostModel()
+    names = ", ".join(Path(p).name for p in paths)
     return EngineCostModel(
-        prefill_ms_per_token=prefill,
-        decode_ms_per_token=decode,
-        cache_hit_overhead_ms=float(restore) if isinstance(restore, (int, float)) else EngineCostModel().cache_hit_overhead_ms,
-        source=f"p2pinfer bench engine ({engine if isinstance(engine, str) else json.dumps(engine)[:120]}), {Path(path).name}",
+        prefill_ms_per_token=median_of("prefill", base.prefill_ms_per_token),
+        decode_ms_per_token=median_of("decode", base.decode_ms_per_token),
+        cache_hit_overhead_ms=median_of("restore", base.cache_hit_overhead_ms),
+        request_overhead_ms=median_of("overhead", base.request_overhead_ms),
+        source=f"p2pinfer bench engine ({'; '.join(sorted(engines))}), "
+        + (f"median of {len(paths)} runs: {names}" if len(paths) > 1 else names),
     )

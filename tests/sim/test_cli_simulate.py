@@ -8,6 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from p2pinfer.cli.main import app
+from p2pinfer.core.costmodel import EngineCostModel
+from p2pinfer.sim.runner import cost_model_from_bench
 from p2pinfer.sim import SIM_POLICIES
 
 runner = CliRunner()
@@ -58,13 +60,35 @@ def test_export_trace_then_replay(tmp_path: Path) -> None:
 
 def test_calibration_from_bench_engine_json(tmp_path: Path) -> None:
     bench = tmp_path / "engine.json"
-    bench.write_text(json.dumps({"benchmark": "engine", "engine": "llama-cpp test", "prefill_ms_per_token": 2.0, "decode_ms_per_token": 9.0, "restore_ms": 5.0}))
+    bench.write_text(json.dumps({"benchmark": "engine", "engine": "llama-cpp test", "prefill_ms_per_token": 2.0, "decode_ms_per_token": 9.0, "restore_ms": 5.0, "request_overhead_ms": 3.0}))
     result = runner.invoke(app, ["simulate", "--requests", "100", "--calibration", str(bench), "--json"])
     assert result.exit_code == 0, result.output
     cm = json.loads(result.output)["cost_model"]
-    assert cm["prefill_ms_per_token"] == 2.0 and cm["cache_hit_overhead_ms"] == 5.0 and "engine.json" in cm["source"]
+    assert (cm["prefill_ms_per_token"], cm["decode_ms_per_token"], cm["cache_hit_overhead_ms"], cm["request_overhead_ms"]) == (2.0, 9.0, 5.0, 3.0)
+    assert "engine.json" in cm["source"]
     bench.write_text("{}")
     assert runner.invoke(app, ["simulate", "--calibration", str(bench)]).exit_code != 0
+
+
+def test_calibration_from_several_runs_takes_each_figures_median(tmp_path: Path) -> None:
+    files = []
+    for i, (prefill, decode, restore) in enumerate([(2.0, 9.0, 5.0), (4.0, 12.0, 1.0), (3.0, 30.0, 2.0)]):
+        files += ["--calibration", str(tmp_path / f"run{i}.json")]
+        (tmp_path / f"run{i}.json").write_text(json.dumps({"prefill_ms_per_token": prefill, "decode_ms_per_token": decode, "restore_ms": restore}))
+    result = runner.invoke(app, ["simulate", "--requests", "100", *files, "--json"])
+    assert result.exit_code == 0, result.output
+    cm = json.loads(result.output)["cost_model"]
+    assert (cm["prefill_ms_per_token"], cm["decode_ms_per_token"], cm["cache_hit_overhead_ms"]) == (3.0, 12.0, 2.0)
+    assert "median of 3 runs" in cm["source"]
+
+
+def test_default_calibration_is_the_median_of_the_saved_engine_runs() -> None:
+    """EngineCostModel's defaults say they are the published `bench engine` runs: they are."""
+    runs = sorted((Path(__file__).parents[2] / "docs" / "results").glob("issue23-engine-fb669d6-run*.json"))
+    assert len(runs) == 3
+    measured, default = cost_model_from_bench(*runs), EngineCostModel()
+    for field in ("prefill_ms_per_token", "decode_ms_per_token", "cache_hit_overhead_ms", "request_overhead_ms"):
+        assert getattr(default, field) == getattr(measured, field), field
 
 
 def test_experiment_writes_json_and_png(tmp_path: Path) -> None:

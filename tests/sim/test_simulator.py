@@ -80,10 +80,10 @@ def test_same_seed_same_json_across_processes(policy: str) -> None:
     assert without_wall_clock(a) == without_wall_clock(b)
 
 
-@pytest.mark.parametrize("engine", [EngineCostModel(), LIVE_ENGINE], ids=["field-notes", "measured"])
+@pytest.mark.parametrize("engine", [EngineCostModel(), LIVE_ENGINE], ids=["default", "cost-vs-paper"])
 def test_cost_equals_oracle_with_zero_latency_and_instant_gossip(engine: EngineCostModel) -> None:
-    """Under both calibrations: the field notes' (the default) and the one measured live
-    (cost-vs-paper's ``LIVE_ENGINE``), which once broke this agreement (issue 23)."""
+    """Under both calibrations: the default (today's saved engine runs) and cost-vs-paper's
+    ``LIVE_ENGINE`` (an older engine, slower to decode), which once broke this agreement (issue 23)."""
     spec = WorkloadSpec(requests=600)
     built = build_requests(spec, 4, 11)
     # The valve is off: a cost node backs off for busy_backoff_s after a busy
