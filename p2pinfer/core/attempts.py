@@ -49,6 +49,7 @@ __all__ = [
     "RequestAttempts",
     "Sanction",
     "ServeHere",
+    "StoppedAtEntry",
 ]
 
 
@@ -100,7 +101,18 @@ class DeadlinePassed:
     message: str = ""
 
 
-Event = Refused | PeerLost | Done | Rejected | DeadlinePassed
+@dataclass(frozen=True, slots=True)
+class StoppedAtEntry:
+    """The entry, which renders the whole answer over every try, found a stop
+    string that the serving engine went past (one spanning two tries, which
+    neither try's engine saw whole, or a peer that ignores stop strings) and
+    ended the try there. The request is done; the engine's final record never
+    came, so the try's reuse is not judged."""
+
+    generated: int = 0
+
+
+Event = Refused | PeerLost | Done | StoppedAtEntry | Rejected | DeadlinePassed
 
 
 # -- actions out ----------------------------------------------------------------------------
@@ -261,6 +273,10 @@ class RequestAttempts:
                 router.on_wrong_answer(attempt.target, now)
                 return [Sanction(attempt.target, f"it returned wrong tokens: {event.wrong}"), Finish()]
             return [*self._judge(attempt, event.reused_tokens, now), Finish()]
+        if isinstance(event, StoppedAtEntry):
+            attempt.outcome = "done"
+            self._end("done")
+            return [Finish(record_missing=True)]
         if isinstance(event, Refused):
             attempt.outcome, attempt.message = event.code, event.message
             if not attempt.local:

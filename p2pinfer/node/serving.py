@@ -35,6 +35,7 @@ from ..core.attempts import (
     RequestAttempts,
     Sanction,
     ServeHere,
+    StoppedAtEntry,
 )
 from ..core.attempts import Done as AttemptDone
 from ..core.attempts import Attempt
@@ -276,6 +277,8 @@ class NodeServing:
             async with aclosing(source) as items:
                 async for item in items:
                     if isinstance(item, TokenChunk):
+                        if answer.rendering.stopped:
+                            break  # the engine went on past the stop the client's text reached: StoppedAtEntry
                         produced.extend(item.token_ids)
                         if check == "hold":
                             held.append(item)
@@ -302,19 +305,21 @@ class NodeServing:
                     else:
                         record = item
             verdict = rejected
+            done: AttemptDone | StoppedAtEntry | None = None
             if rejected is None:
-                assert record is not None
-                event = AttemptDone(record.reused_tokens, generated)
+                # No record: the loop above left the stream at a stop the engine did not see.
+                done = AttemptDone(record.reused_tokens, generated) if record is not None else StoppedAtEntry(generated)
                 if check != "none" and produced:
                     assert isinstance(action, ForwardTo)
                     verdict = await self._check_answer(action.peer, run_tokens, produced, params, deadline, spot=spot)
-            event, release = self._settle_check(attempt, check, verdict, event if rejected is None else None,
-                                                held, len(produced), record, generated)
+            event, release = self._settle_check(attempt, check, verdict, done, held, len(produced), record, generated)
             for chunk in held[:release]:
                 generated += len(chunk.token_ids)
                 yield answer.accept(chunk)
             if isinstance(event, AttemptDone):
                 event = AttemptDone(event.reused_tokens, generated, event.wrong)
+            elif isinstance(event, StoppedAtEntry):
+                event, record = StoppedAtEntry(generated), None
             else:
                 record = None
         except RemoteError as exc:
@@ -355,7 +360,7 @@ class NodeServing:
         attempt: Attempt,
         check: CheckPlan,
         verdict: Verdict | None,
-        done: AttemptDone | None,
+        done: AttemptDone | StoppedAtEntry | None,
         held: list[TokenChunk],
         produced: int,
         record: GenerationRecord | None,
@@ -404,7 +409,8 @@ class NodeServing:
         served = life.current
         total = time.perf_counter() - answer.t0
         if record is None or served.outcome != "done":  # every token arrived, the final record did not
-            record = GenerationRecord(len(tokens), 0, len(answer.tokens), answer.ttft or total, total, "length")
+            finish = "stop" if answer.rendering.stopped else "length"
+            record = GenerationRecord(len(tokens), 0, len(answer.tokens), answer.ttft or total, total, finish)
         if served.local:
             self.counters.served_local += 1
         else:

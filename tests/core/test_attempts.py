@@ -18,6 +18,7 @@ from p2pinfer.core.attempts import (
     RequestAttempts,
     Sanction,
     ServeHere,
+    StoppedAtEntry,
 )
 from p2pinfer.core.policies import Candidate, Decision
 
@@ -108,6 +109,18 @@ def test_a_resumed_forward_says_nothing_about_trust() -> None:
         life.handle(PeerLost(generated=2), 1.0)
         assert life.handle(Done(0, 6), 1.0) == [Finish()]
         r.on_load("p2", Load(0, 4.0), False, 1.0)
+    assert r.view.get("p1").trust == 1.0  # type: ignore[union-attr]
+
+
+def test_a_stop_found_at_the_entry_finishes_the_request_and_judges_no_reuse() -> None:
+    """The try ended at a stop string its engine went past: done, the record missing,
+    and the peer's trust untouched (its reuse was never reported), even unresumed."""
+    r = router()
+    for _ in range(4):
+        life = RequestAttempts(r, decision(["p1", LOCAL], predicted=128), PROMPT, max_tokens=50)
+        life.start()
+        assert life.handle(StoppedAtEntry(generated=7), 1.0) == [Finish(record_missing=True)]
+        assert life.state == "done" and life.produced == 7 and life.current.outcome == "done"
     assert r.view.get("p1").trust == 1.0  # type: ignore[union-attr]
 
 

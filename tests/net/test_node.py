@@ -8,6 +8,7 @@ the public API's results say what happened.
 from __future__ import annotations
 
 from contextlib import aclosing
+from dataclasses import replace
 import threading
 import time
 
@@ -15,7 +16,8 @@ import pytest
 from libp2p.peer.id import ID
 import trio
 
-from p2pinfer.engines.base import InvalidRequestError, TokenChunk
+from p2pinfer.engines.base import GenerationParams, InvalidRequestError, TokenChunk
+from p2pinfer.engines.simulated import SimulatedEngine, simulated_next_token
 from p2pinfer.net.forward import GENERATE_PROTOCOL
 from p2pinfer.lab.node_process import fast_config, wait_for
 from p2pinfer.node import GenerateResult, Node, NodeError, RequestFailed, SyncNode
@@ -170,6 +172,44 @@ async def test_overclaiming_peer_loses_trust_through_real_forwards():
         await trio.sleep(1.0)
         assert b.peer_id not in a.router.view
         assert (await a.complete(list(range(2000, 2320)), max_tokens=1)).served_locally
+
+
+class StopBlindEngine(SimulatedEngine):
+    """A peer whose engine ignores the client's stop strings (as an engine
+    resumed mid-answer does with a stop that began in the earlier try)."""
+
+    async def generate(self, tokens, params):  # type: ignore[override]
+        async for item in super().generate(tokens, replace(params, stop=())):
+            yield item
+
+
+async def test_the_entry_ends_a_try_whose_engine_goes_past_the_stop_string():
+    """The entry renders the whole answer: when it reaches a stop string the
+    serving engine did not see, it ends the try there instead of waiting for
+    max_tokens, and the answer is exactly the text before the stop."""
+    async with Node(fast_config(), engine=StopBlindEngine(speed=0.0)) as b, Node(fast_config(bootstrap=(b.addrs[0],))) as a:
+        await a.wait_for_peers(1)
+        prompt = a.engine.tokenize("Alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november")
+        seq = list(prompt)
+        for _ in range(200):
+            seq.append(simulated_next_token(seq))
+        answer = seq[len(prompt):]
+        pieces = [a.engine.token_bytes(t) for t in answer]
+        # A stop string across two tokens, some way into the answer: the first n tokens whose text holds it.
+        stop = next(p[-2:] + q[:2] for p, q in zip(pieces[8:], pieces[9:]) if len(p) >= 2 and len(q) >= 2).decode()
+        n = next(k for k in range(1, 201) if stop in b"".join(pieces[:k]).decode())
+        assert n < 200
+        params = GenerationParams(max_tokens=200, stop=(stop,))
+        for i in range(a.spot_checks.config.probation_answers):  # B's first answers are held back until checked
+            await a.complete(list(range(500 + 50 * i, 540 + 50 * i)), max_tokens=2, prefer=b.peer_id)
+        result = await a.complete(prompt, params, prefer=b.peer_id)
+        assert result.served_by == b.peer_id
+        assert result.generated_tokens == n and result.token_ids == answer[:n]
+        assert result.text == b"".join(pieces).decode().split(stop)[0]
+        assert result.finish_reason == "stop"
+        # Served locally, the simulated engine stops there by itself: the same answer.
+        alone = await a.complete(prompt, params, prefer=a.peer_id)
+        assert (alone.token_ids, alone.text, alone.finish_reason) == (result.token_ids, result.text, "stop")
 
 
 async def test_request_fails_explicitly_when_no_candidate_can_serve():
