@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..core.costmodel import EngineCostModel
+
 from .idle_bench import IdleSwarm, cpu_seconds, measure_swarm, tcp_bytes_by_pid
 from ..stats import mean, percentile, rounded
 from .provenance import with_provenance
@@ -106,7 +108,6 @@ def _drive(swarm: IdleSwarm, reqs: list[Any]) -> tuple[list[dict[str, Any]], lis
 
 
 def simulate(n: int, mode: str, reqs: list[Any], encoder: Any, seed: int) -> dict[str, Any]:
-    from ..core.costmodel import EngineCostModel
     from ..core.router import GossipConfig
     from ..net.config import LIVE_DIRECTORY, NodeConfig
     from ..sim.model import SimConfig
@@ -232,6 +233,7 @@ def run_directory_bench(
         "benchmark": "directory",
         "setting": {"node_counts": node_counts, "requests": requests, "rate_per_s": rate, "idle_s": idle_s,
                     "settle_s": settle_s, "seed": seed, "popularity": popularity, "engine": "simulated (calibrated cost model, speed 1.0)",
+                    "cost_model": EngineCostModel().as_dict(),
                     "workload": "MMLU five-shot, subjects by popularity, 4 output tokens, approx tokenizer, Poisson arrivals, random entry"},
         "runs": [],
     }

@@ -32,6 +32,8 @@ import statistics
 import time
 from typing import Any
 
+from ..core.costmodel import EngineCostModel
+
 
 _WORDS = (
     "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river mountain valley forest ocean "
@@ -260,6 +262,7 @@ def run_faults(
     return {
         "benchmark": "faults",
         "engine": "simulated (calibrated cost model: real queueing, no weights)",
+        "cost_model": EngineCostModel().as_dict(),
         "nodes": nodes,
         "entry_nodes": nodes - 1,
         "requests": requests,

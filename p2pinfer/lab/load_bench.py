@@ -14,6 +14,8 @@ import statistics
 import time
 from typing import Any
 
+from ..core.costmodel import EngineCostModel
+
 
 async def _client_loop(client: Any, urls: list[str], prompts: list[str], stop_at: float, rng: random.Random,
                        stats: dict[str, Any], max_tokens: int) -> None:
@@ -98,7 +100,10 @@ def run_load(nodes: int, clients: int, duration_s: float, max_tokens: int, seed:
         "benchmark": "load",
         "nodes": nodes,
         "engine": "simulated (calibrated cost model: real queueing, no weights)",
+        "cost_model": EngineCostModel().as_dict(),
         "clients": clients,
+        "requested_duration_s": duration_s,
+        # Clients send for requested_duration_s, then the requests in flight finish: until the last one ended.
         "duration_s": round(elapsed, 2),
         "max_tokens": max_tokens,
         "max_concurrent_per_node": max_concurrent,

@@ -36,6 +36,8 @@ import tempfile
 import time
 from typing import Any
 
+from ..core.costmodel import EngineCostModel
+
 from ..stats import percentile, rounded
 from .nat_testbed import NatHost, NatTestbed
 
@@ -543,6 +545,7 @@ def _report(bed: NatTestbed, swarm: NatSwarm, holder: str, records: list[dict[st
         "config": {
             "requests": requests, "rate_rps": rate_rps, "prefix_tokens": prefix_tokens, "suffix_tokens": suffix_tokens,
             "max_tokens": max_tokens, "engine": f"simulated (calibrated cost model, speed {speed})", "nat": nat_cfg,
+            "cost_model": EngineCostModel().scaled(speed).as_dict() if speed != 1.0 else EngineCostModel().as_dict(),
         },
         "records": [_record(r, swarm.names) for r in records + kill_records],
         "node_names": swarm.names,

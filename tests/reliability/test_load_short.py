@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from p2pinfer.core.costmodel import EngineCostModel
 from p2pinfer.lab.load_bench import run_load
 
 
@@ -15,3 +16,7 @@ def test_overloaded_swarm_refuses_with_retry_after_and_loses_nothing() -> None:
     assert set(outcomes) <= {"ok", "503_retry_after"}, outcomes
     assert result["nodes_alive_at_end"] == 2
     assert result["answered_explicitly"] == result["requests_sent"]
+    # The JSON says what ran: the simulated engine's calibration, and the time asked beside the time taken
+    # (the requests in flight at the end still finish).
+    assert result["cost_model"] == EngineCostModel().as_dict()
+    assert result["requested_duration_s"] == 4.0 <= result["duration_s"]
