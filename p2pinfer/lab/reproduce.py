@@ -73,7 +73,7 @@ PUBLISHED: tuple[Published, ...] = (
     _replay("swarm-50ms"),
     _replay("swarm-50ms-run2"),
     _replay("swarm-200ms"),
-    _sim("load", 25.0, "--seeds", "3"),
+    _sim("load", 30.0, "--seeds", "3"),
     _sim("latency", 9.0),
     _sim("latency-fast", 9.0),
     _sim("skew", 6.0),
