@@ -105,7 +105,7 @@ def test_a_prompt_in_service_is_gossiped_before_it_is_cached(cluster):
 
 
 def test_busy_node_is_avoided_and_busy_refusal_falls_back(cluster):
-    # C runs at real speed (4.35 ms per prompt token) and calls itself busy
+    # C runs at real speed (3.43 ms per prompt token) and calls itself busy
     # above 100 ms of queued prefill.
     a, b, c = cluster.three(A={"speed": 0.1}, B={"speed": 0.1}, C={"speed": 1.0, "busy_queue_ms": 100.0})
     shared, later = prompt(11, 160), prompt(12, 160)
@@ -244,7 +244,7 @@ def test_idle_nodes_all_directly_connected_send_no_keepalives_and_stay_in_every_
 
 
 def test_target_dying_mid_stream_resumes_without_repeating_or_dropping(cluster):
-    # C decodes at 12.5 ms per token: 120 tokens take 1.5 s, time to kill it.
+    # C decodes at 11.5 ms per token: 120 tokens take 1.4 s, time to kill it.
     a, b, c = cluster.three(A={"speed": 0.1}, B={"speed": 0.1}, C={"speed": 1.0})
     p = prompt(41, 96)
     for i in range(2):  # C's probation at A (its answers are held back until checked): passed first

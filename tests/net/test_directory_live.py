@@ -9,8 +9,8 @@ through one lookup and the realised reuse equals the prediction; an owner
 that dies loses its anchors to the next-closest peers and the holder
 re-registers there; a lost update is healed by the checksum refresh.
 
-The engines run the calibrated cost model at full scale (4.35 ms of prefill
-per token): a 320-token hit saves 1.4 s, more than any RTT a loaded machine
+The engines run the calibrated cost model at full scale (3.43 ms of prefill
+per token): a 320-token hit saves 1.1 s, more than any RTT a loaded machine
 shows (a 2-core box under load measured 450 ms), so forwarding to the
 holder is the policy's choice on any machine.
 """

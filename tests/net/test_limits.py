@@ -23,7 +23,7 @@ def prompt(seed: int, n: int = 64) -> list[int]:
 
 
 def test_too_many_streams_from_one_peer_are_refused_and_others_still_served(cluster):
-    # B decodes at 12.5 ms per token, so 200-token answers keep streams busy.
+    # B decodes at 11.5 ms per token, so 200-token answers keep streams busy.
     b = cluster.start("B", fast_config(speed=1.0, max_streams_per_peer=3))
     # B's engine serves one request at a time, so C's request waits behind A's three 200-token
     # answers: at least 7.5 s of modelled decode before B sends C anything, plus whatever a loaded

@@ -108,7 +108,7 @@ def test_a_mixed_swarm_keeps_load_reports_on_the_model_topic(cluster, tmp_path):
     model_topic = a.call("status")["topic"]
     wait_until(lambda: all(discovery(n)["load_reports_on"] == [model_topic] for n in nodes[:3]), 60,
                what="directory nodes publish load on the model topic while a gossip node is known")
-    # A long local prefill on A (4,000 tokens at 4.35 ms, 17 s): G sees A's queue from A's load reports.
+    # A long local prefill on A (4,000 tokens at 3.43 ms, 14 s): G sees A's queue from A's load reports.
     pending = a.start_call("generate", tokens=prompt(7100, 4000), max_tokens=2, prefer="local")
 
     def g_sees_a_queued():

@@ -56,7 +56,7 @@ def test_sse_stream_continues_when_the_serving_node_is_sigkilled() -> None:
             warm = http.post(entry.http + "/v1/completions", json={"prompt": prefix + q, "max_tokens": 2}).json()
             assert warm["p2pinfer"]["attempts"][-1]["target"] == server.peer_id, warm["p2pinfer"]
             assert warm["p2pinfer"]["attempts"][-1]["check"] == "passed", warm["p2pinfer"]
-        # 120 tokens at 12.5 ms each: time enough to kill the server mid-stream.
+        # 120 tokens at 11.5 ms each: time enough to kill the server mid-stream.
         prompt = prefix + "Question: and then?"
         body = {"prompt": prompt, "max_tokens": 120, "stream": True}
         text, chunks, final, done, killed_after = "", 0, None, False, None
