@@ -57,12 +57,15 @@ def test_the_peer_holding_the_prefix_scores_the_spot_check_and_a_wrong_token_pee
         last = bad["attempts"][-1]
         assert last["target"] == x.peer_id and last["check"] == "failed_after_streaming", bad["attempts"]
         status = a.call("status")
-        # v's verdict failed; a confirmed it on its own engine before sanctioning x.
+        # The verifier's verdict failed; a confirmed it on its own engine before sanctioning x. By
+        # now b holds the prefix too (it served the honest request), so either v or b may have
+        # scored this second check: which one depends on whose digest reached a first.
         assert status["verification"]["checks_delegated"] == {"passed": 1, "failed": 1}
         assert status["verification"]["tokens_checked"] == 320 + 16 + 12
         assert x.peer_id in status["distrusted_peers"] and v.peer_id not in status["distrusted_peers"]
         assert b.peer_id not in status["distrusted_peers"]
-        assert v.call("status")["verification"]["checks_served_for_peers"] == 2
+        served = [n.call("status")["verification"]["checks_served_for_peers"] for n in (v, b)]
+        assert served[0] >= 1 and sum(served) == 2, served
     finally:
         for n in nodes:
             n.close()
