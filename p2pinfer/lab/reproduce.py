@@ -73,6 +73,9 @@ PUBLISHED: tuple[Published, ...] = (
     _replay("swarm-50ms"),
     _replay("swarm-50ms-run2"),
     _replay("swarm-200ms"),
+    # The live runs on later code (issue 23): three at 1 ms (fb669d6), three each at 50 and 200 ms (a92ad74).
+    *(_replay(f"issue23-swarm-1ms-fb669d6-run{i}") for i in (1, 2, 3)),
+    *(_replay(f"issue23-swarm-{ms}ms-a92ad74-run{i}") for ms in (50, 200) for i in (1, 2, 3)),
     _sim("load", 30.0, "--seeds", "3"),
     _sim("latency", 9.0),
     _sim("latency-fast", 9.0),
