@@ -110,7 +110,9 @@ class EngineCostModel:
         return self.decode_ms_per_token * ratios[0][1]  # below the first point: 1 sequence
 
     def scaled(self, factor: float) -> EngineCostModel:
-        """The same model ``factor`` times faster (0 makes it free)."""
+        """The same model ``factor`` times faster (0 makes it free; 1 is this model, its source unchanged)."""
+        if factor == 1.0:
+            return self
         return EngineCostModel(
             self.prefill_ms_per_token * factor,
             self.decode_ms_per_token * factor,

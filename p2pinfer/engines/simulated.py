@@ -92,7 +92,7 @@ class SimulatedEngine(Engine):
         )
         self._cache = RadixTree(capacity_tokens=cache_tokens)
         self._context = context_size
-        self.cost = (cost or EngineCostModel()).scaled(speed) if speed != 1.0 else (cost or EngineCostModel())
+        self.cost = (cost or EngineCostModel()).scaled(speed)
         self._lock = trio.Lock()  # FIFO: one request at a time, like one llama.cpp context
         # Its speed is its cost model's, known: nothing to measure.
         self.queue = EngineQueue(ms_per_token=self.cost.prefill_ms_per_token, max_queue=max_queue)

@@ -281,7 +281,7 @@ def run_liar(
     result: dict[str, Any] = {
         "benchmark": "liar",
         "engine": "simulated (calibrated cost model, real radix caches)",
-        "cost_model": EngineCostModel().scaled(speed).as_dict() if speed != 1.0 else EngineCostModel().as_dict(),
+        "cost_model": EngineCostModel().scaled(speed).as_dict(),
         "nodes": "3 honest + 1 (honest, or lying: lab/lying.py); requests enter at the honest nodes",
         "groups": groups,
         "prefix_tokens": prefix_tokens,

@@ -545,7 +545,7 @@ def _report(bed: NatTestbed, swarm: NatSwarm, holder: str, records: list[dict[st
         "config": {
             "requests": requests, "rate_rps": rate_rps, "prefix_tokens": prefix_tokens, "suffix_tokens": suffix_tokens,
             "max_tokens": max_tokens, "engine": f"simulated (calibrated cost model, speed {speed})", "nat": nat_cfg,
-            "cost_model": EngineCostModel().scaled(speed).as_dict() if speed != 1.0 else EngineCostModel().as_dict(),
+            "cost_model": EngineCostModel().scaled(speed).as_dict(),
         },
         "records": [_record(r, swarm.names) for r in records + kill_records],
         "node_names": swarm.names,

@@ -191,7 +191,7 @@ def latency(
     lats = [0.1, 1.0, 10.0, 100.0, 1000.0] if quick else [0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0]
     policies = [v[0] for v in VARIANTS]
     spec = WorkloadSpec(requests=requests, rate=4 * DEFAULT_RATE_PER_NODE * speed)
-    engine = EngineCostModel().scaled(1.0 / speed) if speed != 1.0 else EngineCostModel()
+    engine = EngineCostModel().scaled(1.0 / speed)
     name = "latency" if speed == 1.0 else "latency-fast"
     runner = _Runner(progress, seeds * len(lats) * len(VARIANTS))
     rows = []

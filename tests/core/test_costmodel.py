@@ -36,6 +36,7 @@ def test_scaled_keeps_the_curve_relative() -> None:
     for k in (1, 3, 4, 8, 12):
         assert half.decode_step_ms(k) == pytest.approx(cost.decode_step_ms(k) / 2)
     assert cost.scaled(0).decode_step_ms(4) == 0.0
+    assert cost.scaled(1.0) is cost  # its source unchanged: what the benchmarks' JSON records at full speed
 
 
 def test_a_curve_without_one_sequence_is_refused() -> None:
