@@ -316,10 +316,8 @@ class NodeServing:
             for chunk in held[:release]:
                 generated += len(chunk.token_ids)
                 yield answer.accept(chunk)
-            if isinstance(event, AttemptDone):
-                event = AttemptDone(event.reused_tokens, generated, event.wrong)
-            elif isinstance(event, StoppedAtEntry):
-                event, record = StoppedAtEntry(generated), None
+            if isinstance(event, (AttemptDone, StoppedAtEntry)):
+                event = replace(event, generated=generated)  # the released held chunks count too
             else:
                 record = None
         except RemoteError as exc:
