@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 from ..core.costmodel import EngineCostModel
-
 from .idle_bench import IdleSwarm, cpu_seconds, measure_swarm, tcp_bytes_by_pid
 from ..stats import mean, percentile, rounded
 from .provenance import with_provenance

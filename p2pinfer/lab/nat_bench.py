@@ -37,7 +37,6 @@ import time
 from typing import Any
 
 from ..core.costmodel import EngineCostModel
-
 from ..stats import percentile, rounded
 from .nat_testbed import NatHost, NatTestbed
 
