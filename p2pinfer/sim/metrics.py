@@ -24,9 +24,11 @@ WALL_CLOCK_KEYS = ("decision_us_p50", "decision_us_p99", "directory_query_us_p50
 
 
 def without_wall_clock(result: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a run's result without its wall-clock figures: what two runs
-    with the same seed must agree on exactly."""
+    """A copy of a run's result without its wall-clock figures (and without the
+    ``provenance`` the CLI adds: when and where it ran): what two runs with the
+    same seed must agree on exactly."""
     out: dict[str, Any] = json.loads(json.dumps(result))
+    out.pop("provenance", None)
     for key in WALL_CLOCK_KEYS:
         out.pop(key, None)
         out["sim"].pop(key, None)

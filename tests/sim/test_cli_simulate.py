@@ -97,3 +97,19 @@ def test_experiment_writes_json_and_png(tmp_path: Path) -> None:
     data = json.loads(result.output)
     assert (tmp_path / "hotspot.json").exists() and (tmp_path / "hotspot.png").stat().st_size > 10_000
     assert {r["valve"] for r in data["runs"]} == {"valve off", "valve 4 s (old default)", "valve 15 s (default)"}
+
+
+def test_json_says_which_command_and_commit_ran_it() -> None:
+    """Issue 23's rule for every published figure: the JSON names its command and commit."""
+    import subprocess
+    import sys
+
+    from p2pinfer.lab.provenance import git_commit
+
+    args = ["simulate", "--nodes", "2", "--requests", "40", "--seed", "3", "--json"]
+    out = subprocess.run([sys.executable, "-m", "p2pinfer", *args], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    data = json.loads(out.stdout)
+    assert data["provenance"]["command"] == "p2pinfer " + " ".join(args)
+    assert data["provenance"]["commit"] == git_commit()
+    assert data["requests"] == 40  # the figures stay where they were, beside it
