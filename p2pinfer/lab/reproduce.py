@@ -65,6 +65,22 @@ def _sim(name: str, minutes: float, *extra: str, quick: bool = False, json_name:
     )
 
 
+_DHT_FLAGS = ("--topic-size", "8", "--delta-interval", "2", "--full-interval", "120", "--load-interval", "5",
+              "--peer-ttl", "30", "--warmup", "0.5", "--churn-interval", "2", "--loss", "0.01")
+"""Issue 19's churned swarms (docs/results.md, "KadDHT's own traffic in the simulator")."""
+
+
+def _dht(nodes: int, requests: int, variant: str, minutes: float, quick: bool = False) -> Published:
+    """One ``simulate --json`` run of issue 19's KadDHT placement (or its oracle) with churn."""
+    extra = {"oracle": ("--policy", "oracle"),
+             "directory": ("--discovery", "directory", "--directory-placement", "kademlia", "--load-topics", "fill"),
+             "directory-hashtopics": ("--discovery", "directory", "--directory-placement", "kademlia")}[variant]
+    name = f"issue19-sim-dht-{nodes}-churn-{variant.replace('-hashtopics', '')}-{requests}"
+    name += "-hashtopics" if variant.endswith("hashtopics") else ""
+    return Published(name, f"{name}.json", ("simulate", "--nodes", str(nodes), "--requests", str(requests), *_DHT_FLAGS,
+                                            *extra, "--json"), "stdout", minutes, quick=quick)
+
+
 PUBLISHED: tuple[Published, ...] = (
     _sim("cost-vs-paper-quick", 3.0, "--quick", quick=True),
     _sim("cost-vs-paper", 20.0),
@@ -84,6 +100,13 @@ PUBLISHED: tuple[Published, ...] = (
     _sim("hotspot", 8.0),
     _sim("ablations", 15.0),
     _sim("scale", 20.0),
+    _dht(256, 4096, "directory", 0.3),
+    _dht(256, 4096, "directory-hashtopics", 0.3, quick=True),
+    _dht(1024, 16384, "directory", 1.0),
+    _dht(1024, 16384, "directory-hashtopics", 1.0),
+    _dht(1024, 16384, "oracle", 1.5),
+    _dht(1024, 49152, "directory", 2.5),
+    _dht(1024, 49152, "oracle", 5.0),
 )
 
 
