@@ -21,7 +21,7 @@ def register_lab(lab: typer.Typer) -> None:
         """Where the next turn's rendered prompt stops matching prompt + generated tokens, and what the
         engine's cache holds of it (JSON)."""
         from ..engines.llama_cpp import LlamaCppEngine
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
         from ..lab.reply_render import reply_alignment
 
         options = {"threads": 1, "cache_tokens": 8192, "slots": 1, "context_size": 2048, "reply_cache": reply_cache,
@@ -39,7 +39,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     ) -> None:
         """SmolLM2 and Gemma 3 nodes: delegated against direct TTFT, decode with a JSON-schema grammar and with logprobs."""
         from ..lab.api_bench import run_api_bench
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
 
         result = with_provenance(run_api_bench(reps=reps, threads=threads))
         if as_json:

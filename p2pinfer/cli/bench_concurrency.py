@@ -38,7 +38,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         import sys
 
         from ..lab.concurrency_bench import run_concurrency_bench
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
 
         try:
             wanted = [int(x) for x in levels.split(",") if x.strip()]

@@ -24,7 +24,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     ) -> None:
         """Turns entering at random nodes: the reused share of the previous turn, and TTFT with reply caching and without."""
         from ..lab.conversations_bench import run_conversations_bench
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
 
         try:
             result = with_provenance(run_conversations_bench(

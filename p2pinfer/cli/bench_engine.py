@@ -112,7 +112,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 await engine.aclose()
 
         result = trio.run(main)
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
 
         result = with_provenance(result)
         if as_json:

@@ -27,7 +27,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         """SIGKILL a serving node under concurrent streams: every request completes or fails explicitly."""
         result = run_faults(nodes=nodes, requests=requests, max_tokens=max_tokens, restart=restart, seed=seed,
                             kill_after_chunks=kill_after_chunks)
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
 
         result = with_provenance(result)
         if as_json:

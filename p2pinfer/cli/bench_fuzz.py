@@ -26,7 +26,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if not chosen or set(chosen) - known:
             raise typer.BadParameter(f"choose from {', '.join(sorted(known))}", param_hint="--targets")
         result = run_fuzz(chosen, count, seed)
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
 
         result = with_provenance(result)
         if as_json:

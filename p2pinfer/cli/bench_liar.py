@@ -47,7 +47,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         unknown = set(scenario) - set(SCENARIOS) - set(WRONG_SCENARIOS)
         if unknown:
             raise typer.BadParameter(f"unknown scenario(s) {sorted(unknown)}; choose from {list(SCENARIOS + WRONG_SCENARIOS)}")
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
 
         wrong = tuple(s for s in WRONG_SCENARIOS if s in scenario)
         cache = tuple(s for s in SCENARIOS if s in scenario)

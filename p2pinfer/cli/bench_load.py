@@ -25,7 +25,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     ) -> None:
         """A swarm of simulated-engine nodes under many concurrent clients: nothing may be lost."""
         result = run_load(nodes, clients, duration, max_tokens, seed, max_concurrent)
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
 
         result = with_provenance(result)
         if as_json:

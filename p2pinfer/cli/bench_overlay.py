@@ -29,7 +29,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     ) -> None:
         """Overlay cost on loopback: forwarding latency, digest propagation, gossip volume."""
         result = run_overlay_bench(nodes, forwards, prompt_tokens, max_tokens, samples, rate, load_seconds, idle_seconds, seed)
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
 
         result = with_provenance(result)
         if as_json:

@@ -22,7 +22,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         import os
 
         from ..engines.model_files import default_model_path
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
         from ..lab.repack_bench import run_repack_bench
 
         models = [(m, m) for m in model or []]

@@ -35,7 +35,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         result = run_route_bench(
             peers, prompt_tokens, blocks_per_peer, holders, policy, iterations, seed, swarm_secret.encode() or None
         )
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
 
         result = with_provenance(result)
         if as_json:

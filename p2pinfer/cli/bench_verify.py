@@ -22,7 +22,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Honest answers across CPU configurations against another model's and random tokens: the gaps a check sees."""
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
         from ..lab.verify_bench import run_verify_tolerance
 
         result = with_provenance(run_verify_tolerance(prompts, max_tokens, seed, temperature, subjects, cache_tokens))

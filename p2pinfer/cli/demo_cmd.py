@@ -112,7 +112,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             ratio = by["round-robin"]["ttft_ms"]["mean"] / by["cost"]["ttft_ms"]["mean"]
             console.print(f"prefix-aware routing (cost) answered {ratio:.1f}x faster on average than round-robin.")
         console.print(f"plot written to [bold]{plot.resolve()}[/]")
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
 
         data = out.with_suffix(".json")
         data.write_text(json.dumps(with_provenance(result), indent=2))
@@ -182,7 +182,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 netem.__exit__(None, None, None)
         if cache_tokens is not None:
             result["cache_budget_note"] = budget_note(subjects, nodes, cache_tokens)
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
 
         result = with_provenance(result)
         if out is not None:

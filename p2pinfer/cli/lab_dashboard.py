@@ -31,7 +31,7 @@ def register_lab(lab: typer.Typer) -> None:
         from ..lab.dashboard_shot import take_dashboard_screenshot
         from ..lab.live_experiment import default_cache_budget
         from ..lab.local_swarm import SwarmError
-        from ..lab.provenance import provenance
+        from ..provenance import provenance
 
         if cache_tokens is None and engine == "llama-cpp":
             cache_tokens = default_cache_budget(subjects, nodes)

@@ -32,7 +32,7 @@ def register_lab(lab: typer.Typer) -> None:
         """Prefix-aware routing across NATs: relays, hole punching, a relay killed mid-run (needs root)."""
         from ..lab.nat_bench import run_nat_bench
         from ..lab.nat_testbed import NatTestbed, NatTestbedUnavailable
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
 
         kinds = tuple(k.strip() for k in nats.split(",") if k.strip())
         try:

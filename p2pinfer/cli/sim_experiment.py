@@ -25,7 +25,7 @@ def experiment(
     as_json: bool = typer.Option(False, "--json", help="Print the experiment's JSON."),
 ) -> None:
     """Run one experiment of issue 6 and write <out>/<name>.json and <name>.png."""
-    from ..lab.provenance import with_provenance
+    from ..provenance import with_provenance
     from ..lab.sim_experiments import EXPERIMENTS
 
     if name not in EXPERIMENTS:

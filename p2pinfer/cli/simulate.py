@@ -218,7 +218,7 @@ def simulate(
         if bar is not None:
             bar.stop()
     if as_json:
-        from ..lab.provenance import with_provenance
+        from ..provenance import with_provenance
 
         results = [with_provenance(r) for r in results]  # the command, commit and machine, as every bench JSON
         typer.echo(json.dumps(results if policy == "all" else results[0]))

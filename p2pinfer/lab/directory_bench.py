@@ -45,7 +45,7 @@ from typing import Any
 from ..core.costmodel import EngineCostModel
 from .idle_bench import IdleSwarm, cpu_seconds, measure_swarm, tcp_bytes_by_pid
 from ..stats import mean, percentile, rounded
-from .provenance import with_provenance
+from ..provenance import with_provenance
 
 __all__ = ["run_directory_bench"]
 

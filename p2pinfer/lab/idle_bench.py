@@ -40,7 +40,7 @@ import sys
 import time
 from typing import Any
 
-from .provenance import provenance
+from ..provenance import provenance
 
 __all__ = [
     "IdleSwarm",

@@ -195,7 +195,7 @@ def reproduce(
                 continue
             moved = diff_json(published, now, entry.tolerance)
             if update and moved:
-                from .provenance import with_provenance
+                from ..provenance import with_provenance
 
                 argv = [a.format(out=results, results=results) for a in entry.argv]
                 path.write_text(json.dumps(with_provenance({k: v for k, v in now.items() if k != "provenance"}, argv),

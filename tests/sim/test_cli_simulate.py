@@ -104,7 +104,7 @@ def test_json_says_which_command_and_commit_ran_it() -> None:
     import subprocess
     import sys
 
-    from p2pinfer.lab.provenance import git_commit
+    from p2pinfer.provenance import git_commit
 
     args = ["simulate", "--nodes", "2", "--requests", "40", "--seed", "3", "--json"]
     out = subprocess.run([sys.executable, "-m", "p2pinfer", *args], capture_output=True, text=True, check=True,

@@ -1,7 +1,9 @@
 """Where a measured figure came from: the command, the commit, the machine and the date.
 
-Every JSON a benchmark writes carries a ``provenance`` object, so a figure in
-docs/results.md can be traced to exactly what produced it (issue 23's rule).
+Every JSON a benchmark or ``p2pinfer simulate --json`` writes carries a
+``provenance`` object, so a figure in docs/results.md can be traced to exactly
+what produced it (issue 23's rule). It lives outside the lab because the
+simulator's command, which is not a lab command, stamps it too.
 """
 
 from __future__ import annotations
