@@ -8,7 +8,7 @@ import json, sys, tempfile, time
 from pathlib import Path
 from p2pinfer.lab.nat_bench import NatSwarm
 from p2pinfer.lab.nat_testbed import NatTestbed
-from p2pinfer.lab.provenance import with_provenance
+from p2pinfer.provenance import with_provenance
 
 nat_cfg = {"reachability_interval_s": 60.0}
 log_dir = Path(tempfile.mkdtemp(prefix="relay-idle-"))

@@ -16,7 +16,7 @@ from pathlib import Path
 from p2pinfer.lab import nat_bench
 from p2pinfer.lab.nat_bench import NatSwarm
 from p2pinfer.lab.nat_testbed import NatTestbed
-from p2pinfer.lab.provenance import with_provenance
+from p2pinfer.provenance import with_provenance
 
 schedule = sys.argv[1] if len(sys.argv) > 1 else "lab"
 WINDOW = float(sys.argv[2]) if len(sys.argv) > 2 else 30.0

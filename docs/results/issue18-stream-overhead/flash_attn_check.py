@@ -2,7 +2,7 @@
 import json, statistics as st, subprocess, sys, time
 from llama_cpp import Llama
 from p2pinfer.engines.model_files import default_model_path
-from p2pinfer.lab.provenance import with_provenance
+from p2pinfer.provenance import with_provenance
 M = str(default_model_path())
 BB = "/work/build/llama-cpp-build/bin/llama-batched-bench"
 def llama(fa):

@@ -1,7 +1,7 @@
 """Time from a streamed answer's last content chunk to the end of its stream, reply cache on and off (one p2pinfer node each, 1 in flight)."""
 import json, os, subprocess, sys, time, statistics, httpx
 sys.path.insert(0, "/tmp/sp")
-from p2pinfer.lab.provenance import with_provenance
+from p2pinfer.provenance import with_provenance
 import openai
 def start(port, extra):
     env = dict(os.environ, PORT=str(port), EXTRA=extra, SRC="/tmp/sp/after")

@@ -77,7 +77,7 @@ async def main(prompts: int, max_tokens: int, seed: int) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from p2pinfer.lab.provenance import with_provenance
+    from p2pinfer.provenance import with_provenance
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=6)

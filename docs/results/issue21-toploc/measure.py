@@ -539,7 +539,7 @@ async def main(prompts: int, max_tokens: int, block: int, k: int, seed: int) -> 
 
 
 if __name__ == "__main__":
-    from p2pinfer.lab.provenance import with_provenance
+    from p2pinfer.provenance import with_provenance
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=3)
