@@ -218,9 +218,10 @@ def simulate(
         if bar is not None:
             bar.stop()
     if as_json:
-        from ..provenance import with_provenance
+        from ..provenance import provenance
 
-        results = [with_provenance(r) for r in results]  # the command, commit and machine, as every bench JSON
+        stamp = provenance()  # the command, commit and machine, as every bench JSON; one git call for all policies
+        results = [{**r, "provenance": stamp} for r in results]
         typer.echo(json.dumps(results if policy == "all" else results[0]))
     else:
         _print_table(results)
