@@ -85,7 +85,6 @@ def test_fill_reproduces_the_published_256_node_run_exactly(tmp_path: Path) -> N
     words = published["provenance"]["command"].split()
     args = words[words.index("simulate") + 1:]
     assert args[args.index("--load-topics") + 1] == "fill" and "--calibration" not in args
-    published = published.get("result", published)  # older files wrapped the result beside the provenance
     ran = published["cost_model"]
     calibration = tmp_path / "engine.json"
     calibration.write_text(json.dumps({"prefill_ms_per_token": ran["prefill_ms_per_token"], "decode_ms_per_token": ran["decode_ms_per_token"],
@@ -94,7 +93,7 @@ def test_fill_reproduces_the_published_256_node_run_exactly(tmp_path: Path) -> N
                           "--calibration", str(calibration)], capture_output=True, text=True, check=True, cwd=ROOT)
     result = json.loads(out.stdout)
     old = without_wall_clock(published)
-    new = without_wall_clock(result.get("result", result))
+    new = without_wall_clock(result)
     assert new["cost_model"].pop("source") != old["cost_model"].pop("source")  # the file's name, not the figures
     # Fields added to results since (the simulator's slots) are not figures of that run.
     assert only_published(new, old) == old
