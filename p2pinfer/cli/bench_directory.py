@@ -19,6 +19,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         settle: float = typer.Option(5.0, min=0.0, help="Seconds to wait after the views are complete."),
         seed: int = typer.Option(0),
         popularity: str = typer.Option("zipf:1", help="Subject popularity: uniform, zipf:S or hot:SHARE."),
+        check_cache: bool = typer.Option(
+            False, "--check-cache/--no-check-cache",
+            help="Nodes keep the prompts they check (the node's default). Off here by default: the simulator models no checking.",
+        ),
         out: Optional[Path] = typer.Option(None, help="Also write the JSON to this file (after every run)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
@@ -38,7 +42,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         result = run_directory_bench(
             counts, requests=requests, rate=rate, idle_s=idle, settle_s=settle, seed=seed, popularity=popularity,
-            progress=None if as_json else lambda msg: typer.echo(msg, err=True), partial=write,
+            check_cache=check_cache, progress=None if as_json else lambda msg: typer.echo(msg, err=True), partial=write,
         )
         write(result)
         if as_json:

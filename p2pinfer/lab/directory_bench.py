@@ -26,6 +26,12 @@ is complete:
    origin holds and checks its first answers from each peer), so the
    forwarded requests' TTFT is reported apart.
 
+The nodes run with ``check_cache`` off by default (``--check-cache`` turns it
+on, the product default): an entry that checks a new peer's answers on
+probation would otherwise keep the checked prompt and serve its later requests
+itself, which the simulator does not model, so the two would not run the same
+swarm (``lab nat`` measured no forward at all for that reason).
+
 TTFT here is the engine's, plus queueing and the forward: the simulated
 engine sleeps its modelled time, so a loaded machine changes little of it,
 but the processes' own work (routing, lookups, streams) is real.
@@ -50,6 +56,11 @@ from ..provenance import with_provenance
 __all__ = ["run_directory_bench"]
 
 MODES = ("gossip", "directory")
+
+
+def bench_engine_options(check_cache: bool) -> dict[str, Any]:
+    """Every node's engine options: the product default with ``check_cache``, else that one off."""
+    return {} if check_cache else {"check_cache": False}
 
 
 def build_workload(n_nodes: int, requests: int, rate: float, seed: int, popularity: str = "zipf:1") -> tuple[list[Any], Any]:
@@ -123,9 +134,10 @@ def simulate(n: int, mode: str, reqs: list[Any], encoder: Any, seed: int) -> dic
 
 
 def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float, settle_s: float, seed: int,
-             log_dir: Path | None, say: Any) -> dict[str, Any]:
+             log_dir: Path | None, say: Any, check_cache: bool = False) -> dict[str, Any]:
     say(f"{n} nodes, {mode}: starting")
-    swarm = IdleSwarm(n, log_dir=log_dir, discovery=mode)
+    started = time.monotonic()
+    swarm = IdleSwarm(n, log_dir=log_dir, discovery=mode, engine_options=bench_engine_options(check_cache))
     try:
         converged = swarm.wait_complete(180)
         settled: dict[str, Any] = {"views_complete_after_s": None if converged is None else round(converged, 1)}
@@ -177,6 +189,7 @@ def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float,
             sum(r["reused_tokens"] == r["predicted_reused_tokens"] for r in results) / max(1, len(results)), 3),
         "workload_window_s": round(window, 1),
         "load_average_1m": idle.get("load_average_1m"),
+        "live_wall_s": round(time.monotonic() - started, 1),  # start to close, the simulation not included
         **settled,
     }
     if net0 is not None and net1 is not None:
@@ -225,6 +238,7 @@ def run_directory_bench(
     log_dir: Path | None = None,
     progress: Any = None,
     partial: Any = None,
+    check_cache: bool = False,
 ) -> dict[str, Any]:
     """Every node count, both modes on the same requests; ``partial(result)`` after each run."""
     say = progress or (lambda _msg: None)
@@ -232,7 +246,7 @@ def run_directory_bench(
         "benchmark": "directory",
         "setting": {"node_counts": node_counts, "requests": requests, "rate_per_s": rate, "idle_s": idle_s,
                     "settle_s": settle_s, "seed": seed, "popularity": popularity, "engine": "simulated (calibrated cost model, speed 1.0)",
-                    "cost_model": EngineCostModel().as_dict(),
+                    "cost_model": EngineCostModel().as_dict(), "engine_options": bench_engine_options(check_cache),
                     "workload": "MMLU five-shot, subjects by popularity, 4 output tokens, approx tokenizer, Poisson arrivals, random entry"},
         "runs": [],
     }
@@ -240,7 +254,8 @@ def run_directory_bench(
         reqs, encoder = build_workload(n, requests, rate, seed, popularity)
         for mode in MODES:
             try:
-                run = run_once(n, mode, reqs, encoder, idle_s=idle_s, settle_s=settle_s, seed=seed, log_dir=log_dir, say=say)
+                run = run_once(n, mode, reqs, encoder, idle_s=idle_s, settle_s=settle_s, seed=seed, log_dir=log_dir, say=say,
+                               check_cache=check_cache)
             except Exception as exc:  # a size that does not fit is a result too
                 run = {"nodes": n, "discovery": mode, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             result["runs"].append(run)

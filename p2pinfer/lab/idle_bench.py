@@ -38,7 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from ..provenance import provenance
 
@@ -153,20 +153,28 @@ def _pyspy() -> str | None:
 
 
 # -- the swarm -----------------------------------------------------------------------------------
+def idle_node_config(
+    bootstrap: tuple[str, ...], *, discovery: str = "gossip", engine_options: Mapping[str, Any] | None = None,
+) -> Any:
+    """The defaults of ``p2pinfer node --engine simulated``, on an ephemeral loopback port."""
+    from ..net.config import NodeConfig
+
+    return NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), bootstrap=bootstrap, engine="simulated", discovery=discovery,
+                      engine_options=dict(engine_options or {}))
+
+
 class IdleSwarm:
     """N idle node processes on loopback, bootstrapped from the first."""
 
     def __init__(
         self, n: int, *, log_dir: Path | None = None, start_parallel: int = 4, start_timeout_s: float = 120.0,
-        discovery: str = "gossip",
+        discovery: str = "gossip", engine_options: Mapping[str, Any] | None = None,
     ) -> None:
-        """``discovery``: ``NodeConfig.discovery`` of every node (``bench directory``)."""
-        from ..net.config import NodeConfig
+        """``discovery`` and ``engine_options``: those of every node (``bench directory``)."""
         from .node_process import NodeProcess
 
-        def config(bootstrap: tuple[str, ...]) -> NodeConfig:
-            # The defaults of `p2pinfer node --engine simulated`, on an ephemeral loopback port.
-            return NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), bootstrap=bootstrap, engine="simulated", discovery=discovery)
+        def config(bootstrap: tuple[str, ...]) -> Any:
+            return idle_node_config(bootstrap, discovery=discovery, engine_options=engine_options)
 
         self.procs: list[Any] = []
         try:
