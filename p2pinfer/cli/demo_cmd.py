@@ -138,7 +138,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         simulate: bool = typer.Option(
             True, "--simulate/--no-simulate",
             help="Also replay each policy's arrivals in the simulator (measured delay, the nodes' prefill speed)."),
-        out: Optional[Path] = typer.Option(None, help="Write the plot (PNG) here, and the JSON next to it."),
+        out: Optional[Path] = typer.Option(
+            None, help="Write the plot (PNG) and the JSON here: FILE.png and FILE.json, whichever suffix FILE has."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Every live policy on the same MMLU workload, each on a fresh (cold) swarm."""
@@ -186,9 +187,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         result = with_provenance(result)
         if out is not None:
-            plot_policies(result["policies"], out, f"bench swarm: {nodes} nodes, {requests} requests")
+            # Two files from one name: `--out run.json` once wrote the plot there and then the JSON
+            # over it, losing the plot.
+            plot = out if out.suffix not in (".json", "") else out.with_suffix(".png")
+            plot_policies(result["policies"], plot, f"bench swarm: {nodes} nodes, {requests} requests")
             out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-            result["plot"] = str(out)
+            result["plot"] = str(plot)
         if as_json:
             typer.echo(json.dumps(result))
         else:
