@@ -27,3 +27,23 @@ def test_the_cli_runs_check_cache_off_by_default():
     (option,) = [p for p in command.params if p.name == "check_cache"]
     assert option.default is False
     assert option.opts == ["--check-cache"] and option.secondary_opts == ["--no-check-cache"]
+
+
+def test_ttft_is_split_by_path_and_by_whether_the_answer_was_held_for_a_check():
+    from p2pinfer.lab.directory_bench import ttft_by_path
+
+    results = [
+        {"ttft_s": 1.0, "served_locally": True, "attempts": []},
+        {"ttft_s": 3.0, "served_locally": True, "attempts": []},
+        {"ttft_s": 8.0, "served_locally": False, "attempts": [{"held_tokens": 4, "check": "passed"}]},
+        {"ttft_s": 4.0, "served_locally": False, "attempts": [{"held_tokens": 0, "check": None}]},
+        {"ttft_s": 2.0, "served_locally": False, "attempts": [{"check": "after"}]},
+    ]
+    assert ttft_by_path(results) == {
+        "ttft_ms_mean_served_locally": 2000.0,
+        "ttft_ms_mean_forwarded": 4666.7,  # rounded to 0.1 ms
+        "ttft_ms_mean_forwarded_held": 8000.0,
+        "ttft_ms_mean_forwarded_unheld": 3000.0,
+        "forwarded_held": 1,
+    }
+    assert ttft_by_path(results[:2])["ttft_ms_mean_forwarded_held"] is None
