@@ -23,6 +23,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             False, "--check-cache/--no-check-cache",
             help="Nodes keep the prompts they check (the node's default). Off here by default: the simulator models no checking.",
         ),
+        verify: bool = typer.Option(
+            True, "--verify/--no-verify",
+            help="Nodes check forwarded answers (probation, spot checks), the node's default; --no-verify: none, as the simulator models.",
+        ),
         out: Optional[Path] = typer.Option(None, help="Also write the JSON to this file (after every run)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
@@ -42,7 +46,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         result = run_directory_bench(
             counts, requests=requests, rate=rate, idle_s=idle, settle_s=settle, seed=seed, popularity=popularity,
-            check_cache=check_cache, progress=None if as_json else lambda msg: typer.echo(msg, err=True), partial=write,
+            check_cache=check_cache, verify=verify, progress=None if as_json else lambda msg: typer.echo(msg, err=True), partial=write,
         )
         write(result)
         if as_json:

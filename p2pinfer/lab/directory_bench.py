@@ -30,7 +30,9 @@ The nodes run with ``check_cache`` off by default (``--check-cache`` turns it
 on, the product default): an entry that checks a new peer's answers on
 probation would otherwise keep the checked prompt and serve its later requests
 itself, which the simulator does not model, so the two would not run the same
-swarm (``lab nat`` measured no forward at all for that reason).
+swarm (``lab nat`` measured no forward at all for that reason). ``--no-verify``
+also turns answer checks off (probation and spot checks, which the simulator
+does not model either): the control run that shows what the checks cost.
 
 TTFT here is the engine's, plus queueing and the forward: the simulated
 engine sleeps its modelled time, so a loaded machine changes little of it,
@@ -61,6 +63,14 @@ MODES = ("gossip", "directory")
 def bench_engine_options(check_cache: bool) -> dict[str, Any]:
     """Every node's engine options: the product default with ``check_cache``, else that one off."""
     return {} if check_cache else {"check_cache": False}
+
+
+def bench_verify(verify: bool) -> Any:
+    """Every node's answer checks: None (the product default) or none at all (``--no-verify``:
+    no probation, no spot checks), the swarm the simulator models."""
+    from ..core.verify import VerifyConfig
+
+    return None if verify else VerifyConfig(fraction=0.0, probation_answers=0)
 
 
 def build_workload(n_nodes: int, requests: int, rate: float, seed: int, popularity: str = "zipf:1") -> tuple[list[Any], Any]:
@@ -153,10 +163,11 @@ def simulate(n: int, mode: str, reqs: list[Any], encoder: Any, seed: int) -> dic
 
 
 def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float, settle_s: float, seed: int,
-             log_dir: Path | None, say: Any, check_cache: bool = False) -> dict[str, Any]:
+             log_dir: Path | None, say: Any, check_cache: bool = False, verify: bool = True) -> dict[str, Any]:
     say(f"{n} nodes, {mode}: starting")
     started = time.monotonic()
-    swarm = IdleSwarm(n, log_dir=log_dir, discovery=mode, engine_options=bench_engine_options(check_cache))
+    swarm = IdleSwarm(n, log_dir=log_dir, discovery=mode, engine_options=bench_engine_options(check_cache),
+                      verify=bench_verify(verify))
     try:
         converged = swarm.wait_complete(180)
         settled: dict[str, Any] = {"views_complete_after_s": None if converged is None else round(converged, 1)}
@@ -257,6 +268,7 @@ def run_directory_bench(
     progress: Any = None,
     partial: Any = None,
     check_cache: bool = False,
+    verify: bool = True,
 ) -> dict[str, Any]:
     """Every node count, both modes on the same requests; ``partial(result)`` after each run."""
     say = progress or (lambda _msg: None)
@@ -265,6 +277,7 @@ def run_directory_bench(
         "setting": {"node_counts": node_counts, "requests": requests, "rate_per_s": rate, "idle_s": idle_s,
                     "settle_s": settle_s, "seed": seed, "popularity": popularity, "engine": "simulated (calibrated cost model, speed 1.0)",
                     "cost_model": EngineCostModel().as_dict(), "engine_options": bench_engine_options(check_cache),
+                    "verify": "the node default" if verify else "off (no probation, no spot checks)",
                     "workload": "MMLU five-shot, subjects by popularity, 4 output tokens, approx tokenizer, Poisson arrivals, random entry"},
         "runs": [],
     }
@@ -273,7 +286,7 @@ def run_directory_bench(
         for mode in MODES:
             try:
                 run = run_once(n, mode, reqs, encoder, idle_s=idle_s, settle_s=settle_s, seed=seed, log_dir=log_dir, say=say,
-                               check_cache=check_cache)
+                               check_cache=check_cache, verify=verify)
             except Exception as exc:  # a size that does not fit is a result too
                 run = {"nodes": n, "discovery": mode, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             result["runs"].append(run)

@@ -155,12 +155,19 @@ def _pyspy() -> str | None:
 # -- the swarm -----------------------------------------------------------------------------------
 def idle_node_config(
     bootstrap: tuple[str, ...], *, discovery: str = "gossip", engine_options: Mapping[str, Any] | None = None,
+    verify: Any = None,
 ) -> Any:
-    """The defaults of ``p2pinfer node --engine simulated``, on an ephemeral loopback port."""
+    """The defaults of ``p2pinfer node --engine simulated``, on an ephemeral loopback port;
+    ``verify``: a :class:`~p2pinfer.core.verify.VerifyConfig` in place of the default."""
+    from dataclasses import replace
+
     from ..net.config import NodeConfig
 
-    return NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), bootstrap=bootstrap, engine="simulated", discovery=discovery,
-                      engine_options=dict(engine_options or {}))
+    config = NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), bootstrap=bootstrap, engine="simulated", discovery=discovery,
+                        engine_options=dict(engine_options or {}))
+    if verify is not None:
+        config = config.replace(router=replace(config.router, verify=verify))
+    return config
 
 
 class IdleSwarm:
@@ -168,13 +175,13 @@ class IdleSwarm:
 
     def __init__(
         self, n: int, *, log_dir: Path | None = None, start_parallel: int = 4, start_timeout_s: float = 120.0,
-        discovery: str = "gossip", engine_options: Mapping[str, Any] | None = None,
+        discovery: str = "gossip", engine_options: Mapping[str, Any] | None = None, verify: Any = None,
     ) -> None:
-        """``discovery`` and ``engine_options``: those of every node (``bench directory``)."""
+        """``discovery``, ``engine_options`` and ``verify``: those of every node (``bench directory``)."""
         from .node_process import NodeProcess
 
         def config(bootstrap: tuple[str, ...]) -> Any:
-            return idle_node_config(bootstrap, discovery=discovery, engine_options=engine_options)
+            return idle_node_config(bootstrap, discovery=discovery, engine_options=engine_options, verify=verify)
 
         self.procs: list[Any] = []
         try:

@@ -47,3 +47,15 @@ def test_ttft_is_split_by_path_and_by_whether_the_answer_was_held_for_a_check():
         "forwarded_held": 1,
     }
     assert ttft_by_path(results[:2])["ttft_ms_mean_forwarded_held"] is None
+
+
+def test_no_verify_turns_probation_and_spot_checks_off_and_leaves_the_rest():
+    from p2pinfer.lab.directory_bench import bench_verify
+
+    default = idle_node_config((), discovery="gossip")
+    checked = idle_node_config((), discovery="gossip", verify=bench_verify(True))
+    unchecked = idle_node_config((), discovery="gossip", verify=bench_verify(False))
+    assert checked == default and default.router.verify.enabled
+    assert not unchecked.router.verify.enabled
+    assert unchecked.router.verify.probation_answers == 0 and unchecked.router.verify.fraction == 0.0
+    assert unchecked.replace(router=default.router) == default  # nothing else differs
