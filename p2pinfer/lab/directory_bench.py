@@ -62,7 +62,9 @@ MODES = ("gossip", "directory")
 
 def bench_engine_options(check_cache: bool) -> dict[str, Any]:
     """Every node's engine options: the product default with ``check_cache``, else that one off."""
-    return {} if check_cache else {"check_cache": False}
+    from .node_process import NO_CHECK_CACHE
+
+    return {} if check_cache else dict(NO_CHECK_CACHE)
 
 
 def bench_verify(verify: bool) -> Any:

@@ -61,7 +61,7 @@ class LiarSwarm:
     ) -> None:
         """``fourth_cache_tokens``: the fourth node's cache (default: about two requests)."""
         from ..core.router import GossipConfig, RouterConfig, TrustConfig
-        from ..lab.node_process import NodeProcess, fast_config
+        from ..lab.node_process import NO_CHECK_CACHE, NodeProcess, fast_config
 
         self.scenario = scenario
         # The default schedule: a node then idles at about 4 % of a core (the
@@ -80,12 +80,11 @@ class LiarSwarm:
         # No check cache: an origin that checks the fourth node's first answers (its
         # probation) would keep the checked prompt and serve its group itself, so the
         # lie would stop attracting work for a reason other than distrust.
-        no_check_cache = {"check_cache": False}
-        small = {"cache_tokens": fourth_cache_tokens, **no_check_cache}
+        small = {"cache_tokens": fourth_cache_tokens, **NO_CHECK_CACHE}
         self.nodes: list[Any] = []
-        first = NodeProcess(fast_config(engine_options=no_check_cache, **common).replace(router=router), f"{scenario}-honest0")
+        first = NodeProcess(fast_config(engine_options=NO_CHECK_CACHE, **common).replace(router=router), f"{scenario}-honest0")
         self.nodes.append(first)
-        configs = [fast_config(bootstrap=(first.addr,), engine_options=no_check_cache, **common).replace(router=router)
+        configs = [fast_config(bootstrap=(first.addr,), engine_options=NO_CHECK_CACHE, **common).replace(router=router)
                    for _ in range(2)]
         configs.append(
             fast_config(bootstrap=(first.addr,), engine_options=small, **common).replace(router=router)

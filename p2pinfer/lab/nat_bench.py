@@ -64,14 +64,10 @@ verifies a signed peer record; each read is credited with its own yamux
 window update). NAT traversal does not depend on it."""
 
 
-NO_CHECK_CACHE = {"check_cache": False}
-"""Engine options of every node of the benchmark (see :func:`_node_config`)."""
-
-
 def _node_config(host: NatHost, port: int, bootstrap: tuple[str, ...], speed: float, nat: dict[str, Any]) -> Any:
     from ..core.router import GossipConfig
     from ..net.config import NatConfig
-    from .node_process import fast_config
+    from .node_process import NO_CHECK_CACHE, fast_config
 
     return fast_config(
         bootstrap=bootstrap,
@@ -459,6 +455,8 @@ def _report(bed: NatTestbed, swarm: NatSwarm, holder: str, records: list[dict[st
             reachable_after_start: dict[str, Any], relay_bytes: int, idle_rate: float, phase_s: float,
             nat_cfg: dict[str, Any], requests: int, rate_rps: float, prefix_tokens: int, suffix_tokens: int,
             max_tokens: int, speed: float) -> dict[str, Any]:
+    from .node_process import NO_CHECK_CACHE
+
     hid = swarm.ids[holder]
     ok = [r for r in records if "error" not in r]
     by_path: dict[str, list[float]] = {}
@@ -551,7 +549,7 @@ def _report(bed: NatTestbed, swarm: NatSwarm, holder: str, records: list[dict[st
         "testbed": bed.describe(),
         "config": {
             "requests": requests, "rate_rps": rate_rps, "prefix_tokens": prefix_tokens, "suffix_tokens": suffix_tokens,
-            "max_tokens": max_tokens, "engine": f"simulated (calibrated cost model, speed {speed})", "engine_options": NO_CHECK_CACHE, "nat": nat_cfg,
+            "max_tokens": max_tokens, "engine": f"simulated (calibrated cost model, speed {speed})", "engine_options": dict(NO_CHECK_CACHE), "nat": nat_cfg,
             "cost_model": EngineCostModel().scaled(speed).as_dict(),
         },
         "records": [_record(r, swarm.names) for r in records + kill_records],

@@ -34,6 +34,13 @@ class RemoteCallError(RuntimeError):
         self.kind = kind
 
 
+NO_CHECK_CACHE: dict[str, bool] = {"check_cache": False}
+"""Engine options of a benchmark node that keeps no prompt it checked (``check_cache`` off): an
+entry that checks a new peer's probation answers would otherwise keep the checked prompts and
+serve their later requests itself, so the forwards a benchmark measures would not happen
+(``lab nat``, ``bench liar``, ``bench directory``). Callers copy it."""
+
+
 def fast_config(
     *,
     bootstrap: tuple[str, ...] = (),
