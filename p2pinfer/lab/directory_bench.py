@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.costmodel import EngineCostModel
-from .idle_bench import IdleSwarm, cpu_seconds, measure_swarm, tcp_bytes_by_pid
+from .idle_bench import IdleSwarm, cpu_seconds, measure_swarm
+from .tcp_meter import TcpByteMeter
 from ..stats import mean, percentile, rounded
 from ..provenance import with_provenance
 
@@ -183,12 +184,12 @@ def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float,
         say(f"{n} nodes, {mode}: idle window")
         idle = measure_swarm(swarm, idle_s)
         pids = swarm.pids
-        net0 = tcp_bytes_by_pid(set(pids))
+        meter = TcpByteMeter(pids).start()
         cpu0 = [cpu_seconds(p) for p in pids]
         say(f"{n} nodes, {mode}: {len(reqs)} requests")
         results, errors, window = _drive(swarm, reqs)
         cpu1 = [cpu_seconds(p) for p in pids]
-        net1 = tcp_bytes_by_pid(set(pids))
+        net = meter.stop()
         statuses = swarm.statuses(swarm.procs)
     finally:
         swarm.close()
@@ -223,12 +224,13 @@ def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float,
         "live_wall_s": round(time.monotonic() - started, 1),  # start to close, the simulation not included
         **settled,
     }
-    if net0 is not None and net1 is not None:
-        bytes_in = [(net1[p][0] - net0[p][0]) / window for p in pids if p in net0 and p in net1]
+    if net is not None:
+        bytes_in = [net[p][0] / window for p in pids]
         out["bytes_in_per_node_per_s"] = round(statistics.fmean(bytes_in), 1)
         out["bytes_in_per_node_per_s_p99"] = round(percentile(bytes_in, 99), 1) if bytes_in else 0.0
         out["bytes_in_busiest_node_per_s"] = round(max(bytes_in), 1)
         out["bytes_note"] = "TCP payload (tcp_info via ss) during the workload window, forwarded requests and answers included"
+        out.update(meter.summary())
     if mode == "directory":
         dirs = [s["discovery"]["directory"] for s in statuses if s is not None and "directory" in s.get("discovery", {})]
         out["directory_lookups"] = sum(d["lookups"] for d in dirs)

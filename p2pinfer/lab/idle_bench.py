@@ -12,7 +12,8 @@ has every other in its view, and after a settle time, one window of
   process that waits for a core is not charged for the wait;
 * resident memory per node (``VmRSS``);
 * TCP payload bytes in and out per node per second from the kernel's
-  ``tcp_info`` (``ss -tinp``): everything libp2p sends, gossipsub control
+  ``tcp_info`` (``ss``, polled by :class:`~p2pinfer.lab.tcp_meter.TcpByteMeter`
+  so that connections closed in the window still count): everything libp2p sends, gossipsub control
   traffic, Noise and yamux framing, pings and pulls included;
 * messages per second by kind: pubsub RPCs written (our messages, relayed
   copies, IHAVE/IWANT/GRAFT/PRUNE/IDONTWANT, subscriptions), RTT probes,
@@ -41,6 +42,7 @@ import time
 from typing import Any, Mapping
 
 from ..provenance import provenance
+from .tcp_meter import TcpByteMeter
 
 __all__ = [
     "IdleSwarm",
@@ -48,7 +50,6 @@ __all__ = [
     "rss_mib",
     "run_idle_bench",
     "summarize_pyspy_raw",
-    "tcp_bytes_by_pid",
 ]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -79,34 +80,6 @@ def mem_available_mib() -> float:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-_PID_RE = re.compile(r"pid=(\d+)")
-_BYTES_RE = re.compile(r"\b(bytes_acked|bytes_received):(\d+)")
-
-
-def tcp_bytes_by_pid(pids: set[int]) -> dict[int, tuple[int, int]] | None:
-    """(bytes in, bytes out) over the established TCP sockets of each pid, or None without ``ss``.
-
-    Counts TCP payload as the kernel saw it (``bytes_received``, and
-    ``bytes_acked`` for what the peer really got); sockets opened or closed
-    between two readings are missed, which is why a node's connections
-    should be settled first.
-    """
-    if shutil.which("ss") is None:
-        return None
-    out = subprocess.run(["ss", "-tinpH", "state", "established"], capture_output=True, text=True, check=False).stdout
-    totals: dict[int, list[int]] = {pid: [0, 0] for pid in pids}
-    owner: int | None = None
-    for line in out.splitlines():
-        if not line.startswith((" ", "\t")):  # a socket line says who owns it; its info line follows
-            found = [int(p) for p in _PID_RE.findall(line)]
-            owner = next((p for p in found if p in totals), None)
-        if owner is None:
-            continue
-        for key, value in _BYTES_RE.findall(line):
-            totals[owner][0 if key == "bytes_received" else 1] += int(value)
-    return {pid: (v[0], v[1]) for pid, v in totals.items()}
 
 
 # -- py-spy ------------------------------------------------------------------------------------
@@ -286,7 +259,7 @@ def measure_swarm(swarm: IdleSwarm, measure_s: float) -> dict[str, Any]:
     procs = swarm.alive()
     before = swarm.statuses(procs)
     pids = [p.pid for p in procs]
-    net0 = tcp_bytes_by_pid(set(pids))
+    meter = TcpByteMeter(pids).start()
     cpu0 = [cpu_seconds(pid) for pid in pids]
     sys0 = [cpu_times(pid)[1] for pid in pids]
     t0 = time.monotonic()
@@ -295,7 +268,7 @@ def measure_swarm(swarm: IdleSwarm, measure_s: float) -> dict[str, Any]:
     keep = [i for i, p in enumerate(procs) if p.proc.poll() is None]
     cpu1 = {i: cpu_seconds(pids[i]) for i in keep}
     t1 = time.monotonic()
-    net1 = tcp_bytes_by_pid({pids[i] for i in keep})
+    net = meter.stop()
     rss = [rss_mib(pids[i]) for i in keep]
     after = swarm.statuses([procs[i] for i in keep])
     seconds = t1 - t0
@@ -313,13 +286,14 @@ def measure_swarm(swarm: IdleSwarm, measure_s: float) -> dict[str, Any]:
         "rss_mib_per_node_stats": _stats(rss, 1),
         "load_average_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
     }
-    if net0 is not None and net1 is not None:
-        bytes_in = [(net1[pids[i]][0] - net0[pids[i]][0]) / seconds for i in keep]
-        bytes_out = [(net1[pids[i]][1] - net0[pids[i]][1]) / seconds for i in keep]
+    if net is not None:
+        bytes_in = [net[pids[i]][0] / seconds for i in keep]
+        bytes_out = [net[pids[i]][1] / seconds for i in keep]
         out["bytes_in_per_node_per_s"] = round(statistics.fmean(bytes_in), 1)
         out["bytes_out_per_node_per_s"] = round(statistics.fmean(bytes_out), 1)
         out["bytes_in_per_node_per_s_max"] = round(max(bytes_in), 1)
         out["bytes_note"] = "TCP payload from tcp_info (ss): Noise, yamux, gossipsub control, pings, pulls included"
+        out.update(meter.summary())
     pairs = [(before[i], a) for i, a in zip(keep, after) if before[i] is not None and a is not None]
     kinds: Counter[str] = Counter()
     kind_bytes: Counter[str] = Counter()
