@@ -125,6 +125,13 @@ def simulate(
         False, "--reply-cache/--no-reply-cache",
         help="A node caches each reply as the next turn renders it (the node setting reply_cache; conversations workload).",
     ),
+    verify: bool = typer.Option(
+        False, "--verify/--no-verify",
+        help="Model the node default's answer checks (probation holds, spot checks on the entry's engine; one slot only). "
+        "Off by default, as the published figures.",
+    ),
+    check_cache: bool = typer.Option(
+        True, "--check-cache/--no-check-cache", help="With --verify: a check leaves its prompt in the entry's cache (the node default)."),
     warmup: float = typer.Option(0.1, min=0.0, max=0.9, help="Share of first arrivals left out of the statistics."),
     seed: int = typer.Option(1, help="Seed: the same seed gives the same result."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (a list with --policy all)."),
@@ -132,7 +139,7 @@ def simulate(
     """Run one simulation (or every policy on the same requests with --policy all)."""
     if ctx.invoked_subcommand is not None:
         return
-    from ..core.router import GossipConfig
+    from ..core.router import GossipConfig, RouterConfig
     from ..core.costmodel import EngineCostModel
     from ..core.directory import DirectoryConfig
     from ..sim.runner import WorkloadSpec, build_requests, cost_model_from_bench
@@ -191,6 +198,8 @@ def simulate(
         concurrency=concurrency,
         slots=slots,
         reply_cache=reply_cache,
+        verify=RouterConfig().verify if verify else None,
+        check_cache=check_cache,
         warmup=warmup,
         seed=seed,
     )

@@ -27,7 +27,7 @@ so that routing is simulated against the engines the swarm runs:
   does), besides queued prefill; so ``cost`` sends a request to a node with
   a free slot rather than behind its answers.
 
-Not modelled: answer checks and reply saves as slot work (a reply joins
+Not modelled: answer checks (``answer_checks.py`` models them with one slot only) and reply saves as slot work (a reply joins
 the cache at the end of its answer at no cost, as with one slot), and the
 decode pressure a busy node's steps put on a new prompt's chunks is in no
 load report (the live engine reports none either).

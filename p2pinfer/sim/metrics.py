@@ -8,6 +8,7 @@ function of the seed and the configuration.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict
 import json
 import statistics
 from typing import Any, Protocol
@@ -77,12 +78,36 @@ class FinishedRun(Protocol):
     dht_on: bool
     dht_lookups: Counter[str]
     dht_find_nodes: int
+    check_stats: Counter[str]
 
     def hashed_topics_summary(self) -> dict[str, Any]: ...
 
 
 def _r(x: float, nd: int = 3) -> float:
     return round(x, nd)
+
+
+def _checks_summary(sim: FinishedRun, measured: list[Any]) -> dict[str, Any] | None:
+    """With ``SimConfig.verify``: the checks' counts, and the forwarded requests'
+    mean TTFT split by whether the entry held the answer (as ``bench directory``'s live split)."""
+    cfg = sim.config
+    if cfg.verify is None:
+        return None
+
+    def mean_ttft(rs: list[Any]) -> float | None:
+        return _r(statistics.fmean((r.first_token - r.arrival) * 1000.0 for r in rs)) if rs else None
+
+    forwarded = [r for r in measured if r.served_by is not r.entry]
+    held = [r for r in forwarded if r.check == "hold"]
+    return {
+        "config": asdict(cfg.verify),
+        "check_cache": cfg.check_cache,
+        "counts": dict(sorted(sim.check_stats.items())),
+        "forwarded_held": len(held),
+        "ttft_ms_mean_forwarded_held": mean_ttft(held),
+        "ttft_ms_mean_forwarded_unheld": mean_ttft([r for r in forwarded if r.check != "hold"]),
+        "not_modelled": "delegated spot checks (the entry checks), check deadlines, dishonest peers (every check passes)",
+    }
 
 
 def summarise(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
@@ -163,6 +188,7 @@ def summarise(sim: FinishedRun, wall_s: float) -> dict[str, Any]:
             "served_max_over_mean": _r(max(served) / statistics.fmean(served), 3) if any(served) else None,
         },
         "churn": {"leaves": sim.leaves, "joins": sim.joins},
+        "answer_checks": _checks_summary(sim, measured),
         "cost_model": cfg.cost.as_dict(),
         "params": {
             "latency": sim.latency.describe(),

@@ -27,6 +27,7 @@ from ..core.peers import Load
 from ..core.policies import POLICIES, TtftEstimator, Decision
 from ..core.radix import PinHandle
 from ..core.router import AnnounceSchedule, GossipConfig, Router, RouterConfig, TrustConfig
+from ..core.verify import CheckPlan, SpotChecks, VerifyConfig
 from .network import DEFAULT_ENVELOPE_BYTES, DEFAULT_MESH_DEGREE, parse_latency
 
 __all__ = [
@@ -158,6 +159,15 @@ class SimConfig:
     the llama.cpp engine's continuous batching (``batching.py``): prompt
     chunks interleaved with decode steps batched over the decoding slots,
     priced by ``EngineCostModel.decode_step_ms``."""
+    verify: VerifyConfig | None = None
+    """None (the default, so that earlier figures reproduce): forwarded answers
+    are not checked. Else the live node's answer checks with this
+    configuration (``answer_checks.py``): an entry holds a new peer's answers
+    until checked on its own engine (probation) and spot-checks the others;
+    one slot only."""
+    check_cache: bool = True
+    """With ``verify``: a check leaves its prompt in the checking node's cache
+    (the engines' ``check_cache``; off in ``bench directory``'s live nodes)."""
 
     def validate(self) -> None:
         if self.nodes < 1:
@@ -184,6 +194,8 @@ class SimConfig:
             raise ValueError("membership_delay_s must be >= 0")
         if self.slots < 1:
             raise ValueError("slots must be >= 1")
+        if self.verify is not None and self.slots > 1:
+            raise ValueError("answer checks (verify) are modelled with one slot per node only")
         parse_latency(self.latency)
         need, have = self.view_memory_estimate(), _memory_bytes()
         if have and need > 0.6 * have:
@@ -225,7 +237,7 @@ class Req:
     __slots__ = (
         "rid", "arrival", "tokens", "n_tokens", "label", "output_tokens", "entry", "gen", "attempts",
         "first_token", "done", "served_by", "reused", "forwards", "retries", "predicted", "fixed_entry",
-        "hashes", "lookup", "routed_at", "reply",
+        "hashes", "lookup", "routed_at", "reply", "check", "released",
     )
 
     def __init__(self, rid: int, arrival: float, tokens: list[int], label: str, output_tokens: int, fixed_entry: int | None) -> None:
@@ -253,6 +265,10 @@ class Req:
         self.lookup = 0
         """Directory lookup in flight (a token), 0 when none."""
         self.routed_at = arrival
+        self.check: CheckPlan = "none"
+        """How its entry checks the answer of its current forward (``SpotChecks.plan``)."""
+        self.released = False
+        """A held answer's first token has reached the client (its check passed)."""
 
 
 class Job:
@@ -348,6 +364,8 @@ class SimNode:
         """When it publishes load reports and full digests (the live node's rule)."""
         self.published_version = 0
         """The digest version its last published digest carried (its load reports name it)."""
+        self.checks: SpotChecks | None = None
+        """With ``SimConfig.verify``: which forwarded answers it checks (the live node's object)."""
 
     def distrusts(self, peer_id: str, now: float) -> bool:
         until = self.sanctioned.get(peer_id)

@@ -53,7 +53,9 @@ from ..core.peers import Load
 from ..core.policies import TtftEstimator, CostPolicy, Decision, LocalState, RouteRequest
 from ..core.radix import RadixTree
 from ..core.router import Router, RouterConfig
+from ..core.verify import SpotChecks
 from ..workloads.base import PromptEncoder, TimedRequest
+from .answer_checks import AnswerChecks, CheckJob
 from .batching import SlotBatching
 from .cpu import SharedCpu
 from .directory_mode import DirectoryMode
@@ -65,7 +67,7 @@ from .oracle import OracleIndex, OraclePolicy
 
 __all__ = ["SIM_POLICIES", "SimConfig", "SimNode", "Simulator", "default_fingerprint"]
 
-class Simulator(SlotBatching, DirectoryMode, HashedTopics):
+class Simulator(SlotBatching, DirectoryMode, HashedTopics, AnswerChecks):
     """One run: ``Simulator(config, requests, encoder).run()`` -> result dict."""
 
     def __init__(
@@ -144,6 +146,9 @@ class Simulator(SlotBatching, DirectoryMode, HashedTopics):
         self.leaves = 0
         self.timeline: list[tuple[float, str, int]] = []
         self.events = 0
+        self.check_stats: Counter[str] = Counter()
+        """Answer checks (SimConfig.verify): plans drawn, checks run, their tokens."""
+        self._windows_in_check: dict[tuple[int, int], tuple[Job, SimNode] | None] = {}
 
     # -- event queue ---------------------------------------------------------
     def _clock(self) -> float:
@@ -195,6 +200,8 @@ class Simulator(SlotBatching, DirectoryMode, HashedTopics):
             topic = self._assign_topic()
         node = SimNode(idx, node_id, router, self.config.cost, topic, self.now, slots=self.config.slots, clock=self._clock)
         node.topic_count = count
+        if self.config.verify is not None:
+            node.checks = SpotChecks(self.config.verify, random.Random(f"{self.config.seed}-checks-{idx}"))
         if self.config.policy == "cost":
             router.policy = self._cost_rule()
         if self.config.policy == "oracle":
@@ -461,10 +468,12 @@ class Simulator(SlotBatching, DirectoryMode, HashedTopics):
             if isinstance(action, ForwardTo):
                 req.predicted = predicted = action.predicted_match_tokens
                 peer = self.by_id[action.peer]
+                req.check, req.released = self._plan_check(entry, action.peer), False
                 req.forwards += 1
                 self.at(self.now + self.link_s(entry, peer), self._forward_arrive, req, req.gen, entry, peer, predicted)
             elif isinstance(action, ServeHere):
                 req.predicted = action.predicted_match_tokens
+                req.check = "none"
                 self._enqueue(entry, Job(req, entry, action.predicted_match_tokens))
             elif isinstance(action, Sanction):
                 self._sanction(entry, action.peer)
@@ -513,6 +522,9 @@ class Simulator(SlotBatching, DirectoryMode, HashedTopics):
 
     def _start(self, node: SimNode) -> None:
         job = node.queue.popleft()
+        if isinstance(job, CheckJob):  # an answer check's next chunk (answer_checks.py)
+            self._run_check_chunk(node, job)
+            return
         node.current = job
         tokens = job.req.tokens
         # One request at a time per node: nothing else inserts into this cache
@@ -552,7 +564,8 @@ class Simulator(SlotBatching, DirectoryMode, HashedTopics):
         req = job.req
         if job.gen == req.gen and not req.done:
             back = 0.0 if job.origin is node else self.link_s(node, job.origin)
-            req.first_token = self.now + back
+            if not self._hold_first_token(node, job):
+                req.first_token = self.now + back
             req.served_by = node
             req.reused = job.reused
             if job.origin is not node and self.dir_on:
@@ -592,25 +605,37 @@ class Simulator(SlotBatching, DirectoryMode, HashedTopics):
         req = job.req
         if req.reply and req.tokens:  # the engine caches the reply when its generation ends (reply_cache)
             node.cache.insert(req.tokens + req.reply)
+        if node.checks is not None:  # the work a spot check's budget is a share of
+            node.checks.note_served(len(req.tokens) - job.reused + req.output_tokens)
         if job.gen == req.gen and not req.done:
-            req.done = True
-            node.served += 1
-            del self.pending[req.rid]
-            req.tokens = []  # free memory; its length is kept below
-            self.completed.append(req)
-            if self.config.record_timeline:
-                self.timeline.append((self.now, req.label, node.idx))
-            if job.origin is node:
-                self._act(req, node, req.attempts.handle(Done(job.reused), self.now))  # type: ignore[union-attr]
+            if job.origin is not node and req.check != "none":
+                # Its entry checks the answer before the request ends (answer_checks.py).
+                self.at(self.now + self.link_s(node, job.origin), self._answer_arrives, req, job, node)
             else:
-                self.at(self.now + self.link_s(node, job.origin), self._forward_done, req, job.origin, job.reused)
-            if self.progress is not None and len(self.completed) % 50 == 0:
-                self.progress(len(self.completed), len(self.requests))
-            if self.config.concurrency and self._next_send < len(self.requests):
-                # Closed loop: the client hears the end one link later and sends the next.
-                back = 0.0 if job.origin is node else self.link_s(node, job.origin)
-                self.at(self.now + back, self._arrive, self._next_send)
-                self._next_send += 1
+                self._finish_request(node, job)
+
+    def _finish_request(self, node: SimNode, job: Job, *, at_origin: bool = False) -> None:
+        """``job``'s request completes, served by ``node``; ``at_origin``: its entry
+        has the end already (after its answer check), else it hears it one link later."""
+        req = job.req
+        req.done = True
+        node.served += 1
+        del self.pending[req.rid]
+        req.tokens = []  # free memory; its length is kept below
+        self.completed.append(req)
+        if self.config.record_timeline:
+            self.timeline.append((self.now, req.label, node.idx))
+        if job.origin is node or at_origin:
+            self._act(req, job.origin, req.attempts.handle(Done(job.reused), self.now))  # type: ignore[union-attr]
+        else:
+            self.at(self.now + self.link_s(node, job.origin), self._forward_done, req, job.origin, job.reused)
+        if self.progress is not None and len(self.completed) % 50 == 0:
+            self.progress(len(self.completed), len(self.requests))
+        if self.config.concurrency and self._next_send < len(self.requests):
+            # Closed loop: the client hears the end one link later and sends the next.
+            back = 0.0 if job.origin is node or at_origin else self.link_s(node, job.origin)
+            self.at(self.now + back, self._arrive, self._next_send)
+            self._next_send += 1
 
     # -- churn ---------------------------------------------------------------
     def _churn(self) -> None:
