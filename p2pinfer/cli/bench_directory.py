@@ -21,11 +21,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         popularity: str = typer.Option("zipf:1", help="Subject popularity: uniform, zipf:S or hot:SHARE."),
         check_cache: bool = typer.Option(
             False, "--check-cache/--no-check-cache",
-            help="Nodes keep the prompts they check (the node's default). Off here by default: the simulator models no checking.",
+            help="Nodes keep the prompts they check (the node's default; the simulator follows). Off here by default.",
         ),
         verify: bool = typer.Option(
             True, "--verify/--no-verify",
-            help="Nodes check forwarded answers (probation, spot checks), the node's default; --no-verify: none, as the simulator models.",
+            help="Nodes check forwarded answers (probation, spot checks), the node's default, and so does the simulator; --no-verify: none.",
+        ),
+        sim_only: bool = typer.Option(
+            False, "--sim-only", help="Only the simulator's predictions for these settings and seed (seconds, no node processes).",
         ),
         out: Optional[Path] = typer.Option(None, help="Also write the JSON to this file (after every run)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -46,7 +49,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         result = run_directory_bench(
             counts, requests=requests, rate=rate, idle_s=idle, settle_s=settle, seed=seed, popularity=popularity,
-            check_cache=check_cache, verify=verify, progress=None if as_json else lambda msg: typer.echo(msg, err=True), partial=write,
+            check_cache=check_cache, verify=verify, sim_only=sim_only, progress=None if as_json else lambda msg: typer.echo(msg, err=True), partial=write,
         )
         write(result)
         if as_json:
@@ -60,6 +63,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         for col in cols:
             table.add_column(col, justify="right")
         for r in result["runs"]:
+            if sim_only:
+                table.add_row(str(r["nodes"]), r["discovery"], "-", f"({r.get('sim_bytes_in_per_node_per_s') or 0:,.0f})",
+                              f"({r['sim_hit_rate']:.3f})", f"({r['sim_ttft_ms_mean']:.0f})")
+                continue
             if "error" in r:
                 table.add_row(str(r["nodes"]), r["discovery"], r["error"][:40], "-", "-", "-")
                 continue

@@ -22,17 +22,19 @@ is complete:
    placement, its own traffic counted), gossip schedule (load reports on the
    model's one topic with gossip, in hashed load topics with the directory, as
    the live node sends them) and engine cost model, 0.1 ms
-   one-way links. The simulator models no answer verification (the live
-   origin holds and checks its first answers from each peer), so the
-   forwarded requests' TTFT is reported apart.
+   one-way links, and the nodes' answer checks (``sim/answer_checks.py``:
+   the entry holds a new peer's first answers until its own engine has
+   checked them, and spot-checks the others), with ``check_cache`` as the
+   nodes run it. ``sim_ttft_ms_mean_without_checks`` is the same swarm with
+   no checks, and the forwarded requests' TTFT is reported apart by whether
+   their answer was held.
 
 The nodes run with ``check_cache`` off by default (``--check-cache`` turns it
-on, the product default): an entry that checks a new peer's answers on
-probation would otherwise keep the checked prompt and serve its later requests
-itself, which the simulator does not model, so the two would not run the same
-swarm (``lab nat`` measured no forward at all for that reason). ``--no-verify``
-also turns answer checks off (probation and spot checks, which the simulator
-does not model either): the control run that shows what the checks cost.
+on, the product default, and the simulator follows): an entry that keeps the
+prompts it checks serves later requests of those subjects itself.
+``--no-verify`` turns answer checks off (no probation, no spot checks): the
+control run that shows what the checks cost. ``--sim-only`` runs only the
+simulator's side (seconds): the prediction for the same seeds and settings.
 
 TTFT here is the engine's, plus queueing and the forward: the simulated
 engine sleeps its modelled time, so a loaded machine changes little of it,
@@ -149,7 +151,16 @@ def _drive(swarm: IdleSwarm, reqs: list[Any]) -> tuple[list[dict[str, Any]], lis
     return results, errors, time.monotonic() - t0
 
 
-def simulate(n: int, mode: str, reqs: list[Any], encoder: Any, seed: int) -> dict[str, Any]:
+def sim_verify(verify: bool) -> Any:
+    """What the simulator models of the nodes' answer checks: the node default's
+    (``RouterConfig().verify``), or none (``--no-verify``)."""
+    from ..core.router import RouterConfig
+
+    return RouterConfig().verify if verify else None
+
+
+def simulate(n: int, mode: str, reqs: list[Any], encoder: Any, seed: int, *, verify: Any = None,
+             check_cache: bool = False) -> dict[str, Any]:
     from ..core.router import GossipConfig
     from ..net.config import LIVE_DIRECTORY, NodeConfig
     from ..sim.model import SimConfig
@@ -161,8 +172,39 @@ def simulate(n: int, mode: str, reqs: list[Any], encoder: Any, seed: int) -> dic
     config = SimConfig(
         nodes=n, discovery=mode, directory=LIVE_DIRECTORY, gossip=GossipConfig(), cost=EngineCostModel(),
         cache_tokens=200_000, latency="0.1", warmup=0.0, seed=seed, topic_size=topic_size, load_topics="hash",
+        verify=verify, check_cache=check_cache,
     )
     return Simulator(config, reqs, encoder, workload={"kind": "mmlu", "requests": len(reqs)}).run()
+
+
+def predict(n: int, mode: str, reqs: list[Any], encoder: Any, seed: int, *, verify: bool, check_cache: bool) -> dict[str, Any]:
+    """The simulator's figures for one live run (``sim_*``): the same requests, with the
+    nodes' answer checks when they check; without them too, to show what the checks cost."""
+    sim = simulate(n, mode, reqs, encoder, seed, verify=sim_verify(verify), check_cache=check_cache)
+    out: dict[str, Any] = {
+        "sim_ttft_ms_mean": sim["ttft_ms"]["mean"],
+        "sim_ttft_ms_p99": sim["ttft_ms"]["p99"],
+        "sim_hit_rate": sim["hit_rate"],
+        "sim_bytes_in_per_node_per_s": sim.get("gossip_bytes_per_node_per_s"),
+    }
+    disc = sim.get("discovery") or {}
+    out["sim_bytes_in_per_node_per_s_p99"] = disc.get("in_bytes_per_s_node_p99")
+    out["sim_bytes_in_busiest_node_per_s"] = disc.get("in_bytes_per_s_node_max")
+    out["sim_bytes_in_by_kind"] = disc.get("in_bytes_per_node_per_s_by_kind")
+    out["sim_bytes_note"] = "discovery traffic only (gossip, directory streams, KadDHT): no forwarded requests or answers"
+    wait = sim.get("decision_wait_ms") or {}
+    out["sim_decision_ms_mean"] = round(sim["decision_us_p50"] / 1000.0 + wait.get("mean", 0.0), 2)
+    out["sim_decision_note"] = "the simulator's own decision CPU time (p50, wall clock) plus the lookup's mean round trip (virtual)"
+    checks = sim.get("answer_checks")
+    if checks is not None:
+        out["sim_forwarded_held"] = checks["forwarded_held"]
+        out["sim_ttft_ms_mean_forwarded_held"] = checks["ttft_ms_mean_forwarded_held"]
+        out["sim_ttft_ms_mean_forwarded_unheld"] = checks["ttft_ms_mean_forwarded_unheld"]
+        out["sim_check_counts"] = checks["counts"]
+        out["sim_checks_note"] = "the simulator models the node default's checks (sim/answer_checks.py); " + checks["not_modelled"]
+        bare = simulate(n, mode, reqs, encoder, seed, verify=None)
+        out["sim_ttft_ms_mean_without_checks"] = bare["ttft_ms"]["mean"]
+    return out
 
 
 def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float, settle_s: float, seed: int,
@@ -241,19 +283,7 @@ def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float,
         out["load_topic_moves"] = sum(d["load_topic_moves"] for d in discs)
         out["load_reports_heard_per_node"] = round(statistics.fmean(d["load_reports_heard"] for d in discs), 1) if discs else None
     say(f"{n} nodes, {mode}: simulating the same requests")
-    sim = simulate(n, mode, reqs, encoder, seed)
-    out["sim_ttft_ms_mean"] = sim["ttft_ms"]["mean"]
-    out["sim_ttft_ms_p99"] = sim["ttft_ms"]["p99"]
-    out["sim_hit_rate"] = sim["hit_rate"]
-    out["sim_bytes_in_per_node_per_s"] = sim.get("gossip_bytes_per_node_per_s")
-    disc = sim.get("discovery") or {}
-    out["sim_bytes_in_per_node_per_s_p99"] = disc.get("in_bytes_per_s_node_p99")
-    out["sim_bytes_in_busiest_node_per_s"] = disc.get("in_bytes_per_s_node_max")
-    out["sim_bytes_in_by_kind"] = disc.get("in_bytes_per_node_per_s_by_kind")
-    out["sim_bytes_note"] = "discovery traffic only (gossip, directory streams, KadDHT): no forwarded requests or answers"
-    wait = sim.get("decision_wait_ms") or {}
-    out["sim_decision_ms_mean"] = round(sim["decision_us_p50"] / 1000.0 + wait.get("mean", 0.0), 2)
-    out["sim_decision_note"] = "the simulator's own decision CPU time (p50, wall clock) plus the lookup's mean round trip (virtual)"
+    out.update(predict(n, mode, reqs, encoder, seed, verify=verify, check_cache=check_cache))
     if out["ttft_ms_mean"] and out["sim_ttft_ms_mean"]:
         out["live_over_sim_ttft"] = round(out["ttft_ms_mean"] / out["sim_ttft_ms_mean"], 3)
     return out
@@ -273,8 +303,10 @@ def run_directory_bench(
     partial: Any = None,
     check_cache: bool = False,
     verify: bool = True,
+    sim_only: bool = False,
 ) -> dict[str, Any]:
-    """Every node count, both modes on the same requests; ``partial(result)`` after each run."""
+    """Every node count, both modes on the same requests; ``partial(result)`` after each run.
+    ``sim_only``: the simulator's predictions alone (no node processes)."""
     say = progress or (lambda _msg: None)
     result: dict[str, Any] = {
         "benchmark": "directory",
@@ -282,12 +314,18 @@ def run_directory_bench(
                     "settle_s": settle_s, "seed": seed, "popularity": popularity, "engine": "simulated (calibrated cost model, speed 1.0)",
                     "cost_model": EngineCostModel().as_dict(), "engine_options": bench_engine_options(check_cache),
                     "verify": "the node default" if verify else "off (no probation, no spot checks)",
+                    "live": not sim_only,
                     "workload": "MMLU five-shot, subjects by popularity, 4 output tokens, approx tokenizer, Poisson arrivals, random entry"},
         "runs": [],
     }
     for n in node_counts:
         reqs, encoder = build_workload(n, requests, rate, seed, popularity)
         for mode in MODES:
+            if sim_only:
+                run = {"nodes": n, "discovery": mode, "requests": len(reqs),
+                       **predict(n, mode, reqs, encoder, seed, verify=verify, check_cache=check_cache)}
+                result["runs"].append(run)
+                continue
             try:
                 run = run_once(n, mode, reqs, encoder, idle_s=idle_s, settle_s=settle_s, seed=seed, log_dir=log_dir, say=say,
                                check_cache=check_cache, verify=verify)

@@ -8,9 +8,9 @@ from p2pinfer.lab.idle_bench import idle_node_config
 
 
 def test_the_benchmarks_nodes_keep_no_checked_prompt_unless_asked():
-    """The simulator models no answer checking: an entry that kept the prompts it checked of its
-    peers' probation answers would serve them locally, so by default the live swarm does not keep
-    them either (as ``lab nat`` and ``bench liar``); ``--check-cache`` runs the product default."""
+    """An entry that kept the prompts it checked of its peers' probation answers would serve
+    those subjects locally from then on, so by default the live swarm does not keep them (as
+    ``lab nat`` and ``bench liar``); ``--check-cache`` runs the product default."""
     off = idle_node_config((), discovery="directory", engine_options=bench_engine_options(False))
     on = idle_node_config((), discovery="directory", engine_options=bench_engine_options(True))
     assert off.discovery == on.discovery == "directory"
@@ -59,3 +59,26 @@ def test_no_verify_turns_probation_and_spot_checks_off_and_leaves_the_rest():
     assert not unchecked.router.verify.enabled
     assert unchecked.router.verify.probation_answers == 0 and unchecked.router.verify.fraction == 0.0
     assert unchecked.replace(router=default.router) == default  # nothing else differs
+
+
+def test_sim_only_predicts_with_the_nodes_checks_and_without():
+    """``--sim-only``: the simulator's side alone; with checks (the default) it also gives the
+    same swarm without them, and the checked prediction is the slower one."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from p2pinfer.cli.main import app
+
+    runner = CliRunner()
+    checked = runner.invoke(app, ["bench", "directory", "--nodes", "8", "--sim-only", "--json"])
+    bare = runner.invoke(app, ["bench", "directory", "--nodes", "8", "--sim-only", "--no-verify", "--json"])
+    assert checked.exit_code == 0 and bare.exit_code == 0, (checked.output, bare.output)
+    runs = json.loads(checked.stdout)["runs"]
+    plain = json.loads(bare.stdout)["runs"]
+    assert [r["discovery"] for r in runs] == ["gossip", "directory"] == [r["discovery"] for r in plain]
+    for with_checks, without in zip(runs, plain):
+        assert with_checks["sim_ttft_ms_mean_without_checks"] == without["sim_ttft_ms_mean"]
+        assert with_checks["sim_ttft_ms_mean"] > without["sim_ttft_ms_mean"]
+        assert with_checks["sim_forwarded_held"] > 0 and "sim_forwarded_held" not in without
+        assert with_checks["sim_hit_rate"] == without["sim_hit_rate"]  # check_cache off: checks move no prefix
