@@ -211,6 +211,7 @@ def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float,
              log_dir: Path | None, say: Any, check_cache: bool = False, verify: bool = True) -> dict[str, Any]:
     say(f"{n} nodes, {mode}: starting")
     started = time.monotonic()
+    meter: TcpByteMeter | None = None
     swarm = IdleSwarm(n, log_dir=log_dir, discovery=mode, engine_options=bench_engine_options(check_cache),
                       verify=bench_verify(verify))
     try:
@@ -234,6 +235,8 @@ def run_once(n: int, mode: str, reqs: list[Any], encoder: Any, *, idle_s: float,
         net = meter.stop()
         statuses = swarm.statuses(swarm.procs)
     finally:
+        if meter is not None:
+            meter.close()  # a window that failed leaves no poller behind
         swarm.close()
     ttft = [r["ttft_s"] * 1000.0 for r in results]
     decide = [r["decision_s"] * 1000.0 for r in results if r.get("decision_s") is not None]

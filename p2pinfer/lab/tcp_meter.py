@@ -88,14 +88,12 @@ class SocketByteLedger:
     _base: dict[str, tuple[int, int]] = field(default_factory=dict)
     _last: dict[str, SocketReading] = field(default_factory=dict)
     _open: set[str] = field(default_factory=set)
-    _started: bool = False
     readings: int = 0
 
     def observe(self, sockets: Iterable[SocketReading]) -> None:
         current = {s.cookie: s for s in sockets}
-        if not self._started:
+        if not self.readings:
             self._base = {c: (s.bytes_in, s.bytes_out) for c, s in current.items()}
-            self._started = True
         self._last.update(current)
         self._open = set(current)
         self.readings += 1
@@ -153,11 +151,15 @@ class TcpByteMeter:
         while not self._stop.wait(self.interval_s):
             self.poll()
 
-    def stop(self) -> dict[int, tuple[int, int]] | None:
-        """Stop polling after one last reading; (bytes in, bytes out) per pid, or None without ``ss``."""
+    def close(self) -> None:
+        """Stop polling (idempotent): for a window that ends in an error."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+    def stop(self) -> dict[int, tuple[int, int]] | None:
+        """Stop polling after one last reading; (bytes in, bytes out) per pid, or None without ``ss``."""
+        self.close()
         if not self.available:
             return None
         self.poll()
